@@ -1,0 +1,74 @@
+"""Chat templates as token ids, and token-in prompt extension for multi-turn play.
+
+``render_ids`` applies a tokenizer's chat template. ``extend_ids`` builds the
+next turn's prompt by appending to the exact ids of the previous prompt and
+its sampled completion, so a model's own output is never decoded and
+re-encoded (the multi-turn retokenisation bug class that TRL, verl and SkyRL
+all shipped). When the template does not extend cleanly it returns None and
+the caller falls back to ``render_ids``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ludic.types import FinishReason, Message
+
+
+def render_text(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Encode template text (special tokens in it are parsed, none are added)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def render_ids(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
+    """Prompt ids for ``messages`` with the generation prompt appended."""
+    return encode(tokenizer, render_text(tokenizer, messages, add_generation_prompt=True))
+
+
+def extend_ids(
+    tokenizer: Any,
+    prev_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    finish_reason: FinishReason,
+    history: Sequence[Message],
+    new_messages: Sequence[Message],
+) -> list[int] | None:
+    """Next prompt = previous prompt + sampled completion + template glue + new turns.
+
+    Args:
+        prev_ids: exact prompt ids of the previous model call.
+        completion_ids: exact ids it sampled (stop token included if emitted).
+        finish_reason: why that completion ended.
+        history: messages up to and including the assistant reply.
+        new_messages: messages added since (observations).
+
+    Returns:
+        The new prompt ids, or None when the template cannot be extended
+        (the caller then re-renders the whole conversation).
+    """
+    if not history or history[-1]["role"] != "assistant":
+        return None
+    content = history[-1]["content"]
+    text_a = render_text(tokenizer, history, add_generation_prompt=False)
+    text_b = render_text(tokenizer, list(history) + list(new_messages), add_generation_prompt=True)
+    if not text_b.startswith(text_a):
+        return None
+    end = text_a.rfind(content) if content else -1
+    if content and end < 0:
+        return None
+    # What the template writes after the assistant content (e.g. "<|im_end|>\n").
+    closing = text_a[end + len(content):] if content else ""
+    if not content:
+        return None
+    if finish_reason == FinishReason.STOP and completion_ids:
+        last = tokenizer.convert_ids_to_tokens([int(completion_ids[-1])])[0]
+        if last in tokenizer.all_special_tokens and closing.startswith(last):
+            closing = closing[len(last):]
+    glue = closing + text_b[len(text_a):]
+    return list(prev_ids) + list(completion_ids) + encode(tokenizer, glue)

@@ -1,0 +1,87 @@
+"""The ChatClient interface: messages or token ids in, token ids and log-probs out.
+
+Every inference backend (the in-process transformers engine, the vLLM server
+client, the in-process vLLM engine) implements ``ChatClient``. A request may
+carry ``prompt_ids`` (token-in): the backend then conditions on exactly those
+ids and ignores ``messages`` except for logging. The response always carries
+the exact prompt ids, sampled ids, their log-probs and the policy version per
+token (token-out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from ludic.types import FinishReason, Message, TokenTrace
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Portable sampling settings (OpenAI-aligned names)."""
+
+    temperature: float = 1.0
+    """0 means greedy."""
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    """Stop strings; the completion is cut after the first one (it is kept)."""
+    seed: int | None = None
+    """Per-request sampling seed (reproducible given the same batch layout)."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One completion request."""
+
+    messages: list[Message]
+    """The conversation (rendered with the model's chat template unless prompt_ids is set)."""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    prompt_ids: tuple[int, ...] | None = None
+    """Token-in: condition on exactly these ids (chat template already applied)."""
+    model: str | None = None
+    """Model or adapter name, for servers that host several."""
+
+
+@dataclass(frozen=True)
+class ChatResponse:
+    """One completion, with its exact token trace."""
+
+    text: str
+    """Decoded completion (stop token removed, stop string kept)."""
+    trace: TokenTrace
+    """Exact prompt ids, completion ids, log-probs and policy versions."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Backend diagnostics (latency, server, error message on failure)."""
+
+    @property
+    def finish_reason(self) -> FinishReason:
+        return self.trace.finish_reason
+
+    @classmethod
+    def failed(cls, error: str, prompt_ids: tuple[int, ...] = ()) -> "ChatResponse":
+        """A response for a request that could not be served (becomes a failed step)."""
+        trace = TokenTrace(prompt_ids, (), (), (), FinishReason.ERROR)
+        return cls(text="", trace=trace, info={"error": error})
+
+
+@runtime_checkable
+class ChatClient(Protocol):
+    """Anything that turns a ChatRequest into a ChatResponse.
+
+    ``tokenizer`` may be None when the client cannot tokenise locally; agents
+    then send messages instead of token ids.
+    """
+
+    @property
+    def tokenizer(self) -> Any | None: ...
+
+    async def complete(self, request: ChatRequest) -> ChatResponse: ...

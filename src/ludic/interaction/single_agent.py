@@ -1,0 +1,79 @@
+"""SingleAgentProtocol: one agent, one env, a gym-like loop."""
+
+from __future__ import annotations
+
+from ludic.agents.agent import Agent
+from ludic.envs.base import LudicEnv
+from ludic.interaction.base import (
+    InteractionProtocol,
+    env_step,
+    failed_request_step,
+    mark_truncated,
+    parse_error_step,
+)
+from ludic.types import Rollout
+
+
+class SingleAgentProtocol(InteractionProtocol):
+    """Loop: observe -> act -> (parse failure: synthetic step | env.step) until done or max_steps.
+
+    Args:
+        agent: the policy (its context must be fresh per episode).
+        stop_on_parse_error: end the episode at the first malformed output
+            (the step is terminal with the parser's penalty). Otherwise the
+            agent sees the parser's feedback and tries again.
+    """
+
+    def __init__(self, agent: Agent, *, stop_on_parse_error: bool = False) -> None:
+        self.agent = agent
+        self.stop_on_parse_error = stop_on_parse_error
+
+    async def run(
+        self,
+        env: LudicEnv,
+        *,
+        max_steps: int,
+        env_seed: int | None = None,
+        sampling_seed: int | None = None,
+    ) -> list[Rollout]:
+        if len(env.agent_ids) != 1:
+            raise ValueError(
+                f"SingleAgentProtocol needs a single-agent env, {type(env).__name__} has {env.agent_ids}"
+            )
+        aid = env.agent_ids[0]
+        obs, reset_info = env.reset(seed=env_seed)[aid]
+        self.agent.reset(env.suggested_sysprompt)
+        self.agent.observe(obs)
+        steps = []
+        failed = False
+        for i in range(max_steps):
+            if aid not in env.active_agents:
+                break
+            turn = await self.agent.act(sampling_seed)
+            if turn.failed_request:
+                steps.append(failed_request_step(i, obs, turn))
+                failed = True
+                break
+            if turn.parse.action is None:
+                step = parse_error_step(i, obs, turn, self.stop_on_parse_error)
+                steps.append(step)
+                if step.terminated:
+                    break
+                obs = step.next_obs or ""
+                self.agent.observe(obs)
+                continue
+            out = env.step({aid: turn.parse.action})[aid]
+            step = env_step(i, obs, turn, out)
+            steps.append(step)
+            if step.terminated or step.truncated:
+                break
+            obs = out.obs
+            self.agent.observe(obs)
+        reason = "inference_error" if failed else mark_truncated(steps, "max_steps")
+        meta = {
+            "agent_id": aid,
+            "reset_info": reset_info,
+            "truncation_reason": reason,
+            "failed": failed,
+        }
+        return [Rollout(steps=steps, meta=meta)]
