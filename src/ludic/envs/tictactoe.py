@@ -1,0 +1,500 @@
+"""Tic-tac-toe: pure board rules, a perfect solver, bots, and two envs.
+
+Board: a tuple of 9 cells, each ``' '``, ``'X'`` or ``'O'``; index =
+``row * 3 + col``. Cells are named by a row letter A (top), B, C (bottom)
+and a column digit 1 (left), 2, 3 (right): ``"A1"`` is index 0, ``"C3"`` is
+index 8. X always moves first, so the side to move is derived from the board.
+
+* ``TicTacToeEnv``: one agent against a built-in bot (random, minimax, mixed).
+* ``TicTacToeGame``: two players ``"X"`` and ``"O"`` for self-play.
+
+Solver scores (``solve``) are from the perspective of the player to move and
+depth-aware: with ``p`` = plies from the current position until the game
+ends (the move itself counts as 1) under perfect play, a win scores
+``10 - p`` (1..9), a loss ``-(10 - p)`` and a draw 0. Faster wins and slower
+losses therefore score higher.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+from ludic.envs.base import LudicEnv, SingleAgentEnv
+from ludic.types import JSON, StepOutcome
+
+Board = tuple[str, ...]
+Opponent = Callable[[Board, random.Random], int]
+
+EMPTY = " "
+EMPTY_BOARD: Board = (EMPTY,) * 9
+ROWS = "ABC"
+LINES = (
+    (0, 1, 2), (3, 4, 5), (6, 7, 8),  # rows
+    (0, 3, 6), (1, 4, 7), (2, 5, 8),  # columns
+    (0, 4, 8), (2, 4, 6),  # diagonals
+)
+WIN_SCORE = 10
+"""A win ``p`` plies ahead scores ``WIN_SCORE - p``; a loss the negation."""
+
+TICTACTOE_RULES = (
+    "You are playing tic-tac-toe on a 3x3 board. Rows are labelled A, B, C from top to "
+    "bottom and columns 1, 2, 3 from left to right, so A1 is the top-left cell and C3 the "
+    "bottom-right cell. Players take turns placing their mark (X or O) in an empty cell; "
+    "X moves first. Three of your marks in a row, column or diagonal wins; a full board "
+    "without a line is a draw. Naming an occupied cell or anything that is not a cell "
+    "is an illegal move and loses the game."
+)
+
+_COORD_RE = re.compile(r"([A-C])([1-3])", re.IGNORECASE)
+
+
+# ---------------------------------------------------------------- rules
+
+
+def winner(board: Board) -> str | None:
+    """``'X'`` or ``'O'`` if that mark has three in a line, else None."""
+    for a, b, c in LINES:
+        if board[a] != EMPTY and board[a] == board[b] == board[c]:
+            return board[a]
+    return None
+
+
+def is_full(board: Board) -> bool:
+    """True when no cell is empty."""
+    return EMPTY not in board
+
+
+def is_over(board: Board) -> bool:
+    """True when someone has won or the board is full."""
+    return winner(board) is not None or is_full(board)
+
+
+def legal_moves(board: Board) -> list[int]:
+    """Empty cell indices in increasing order ([] once the game is over)."""
+    if winner(board) is not None:
+        return []
+    return [i for i, cell in enumerate(board) if cell == EMPTY]
+
+
+def to_move(board: Board) -> str:
+    """Mark of the player to move: X when both have played equally often."""
+    return "X" if board.count("X") == board.count("O") else "O"
+
+
+def other(mark: str) -> str:
+    """The opposing mark."""
+    return "O" if mark == "X" else "X"
+
+
+def play(board: Board, index: int) -> Board:
+    """The board after the player to move puts its mark on ``index``."""
+    if index not in legal_moves(board):
+        raise ValueError(f"illegal move {index!r} on board {board!r}")
+    cells = list(board)
+    cells[index] = to_move(board)
+    return tuple(cells)
+
+
+def parse_coord(text: str) -> int | None:
+    """Cell index for a name like ``" b2 "`` (case-insensitive), else None."""
+    m = _COORD_RE.fullmatch(text.strip())
+    if m is None:
+        return None
+    return ROWS.index(m.group(1).upper()) * 3 + int(m.group(2)) - 1
+
+
+def coord(index: int) -> str:
+    """Cell name of an index: ``coord(4) == "B2"``."""
+    if not 0 <= index < 9:
+        raise ValueError(f"cell index must be 0..8, got {index!r}")
+    return f"{ROWS[index // 3]}{index % 3 + 1}"
+
+
+def render_board(board: Board) -> str:
+    """Three rows of marks; free cells show their name in brackets, e.g. ``[A2]``."""
+    rows = []
+    for r in range(3):
+        cells = [
+            (f"[{coord(i)}]" if board[i] == EMPTY else board[i]).center(6)
+            for i in range(r * 3, r * 3 + 3)
+        ]
+        rows.append("|".join(cells).rstrip())
+    return "\n------+------+------\n".join(rows)
+
+
+# ---------------------------------------------------------------- solver
+
+
+@lru_cache(maxsize=None)
+def _solve(board: Board) -> tuple[tuple[int, int], ...]:
+    """(move, score) pairs for the player to move; cached on the board alone.
+
+    Scores are relative to whoever moves on ``board``, and that player is a
+    function of the board, so the cache key carries the perspective.
+    """
+    scores = []
+    for move in legal_moves(board):
+        child = play(board, move)
+        if winner(child) is not None:
+            score = WIN_SCORE - 1
+        elif is_full(child):
+            score = 0
+        else:
+            # The reply's best score v is for the opponent; one more ply for us.
+            v = max(s for _, s in _solve(child))
+            score = -(v - 1) if v > 0 else -(v + 1) if v < 0 else 0
+        scores.append((move, score))
+    return tuple(scores)
+
+
+def solve(board: Board) -> dict[int, int]:
+    """Depth-aware score of every legal move, for the player to move.
+
+    Win in ``p`` plies (this move included) = ``10 - p``, loss = ``-(10 - p)``,
+    draw = 0. Empty dict when the game is over.
+    """
+    return dict(_solve(tuple(board)))
+
+
+def game_value(board: Board) -> int:
+    """Outcome under perfect play for the player to move: 1 win, 0 draw, -1 loss.
+
+    On a finished board: -1 if the previous player won, 0 for a draw.
+    """
+    scores = solve(board)
+    if not scores:
+        return -1 if winner(board) is not None else 0
+    best = max(scores.values())
+    return (best > 0) - (best < 0)
+
+
+def optimal_moves(board: Board) -> set[int]:
+    """Moves that keep the game-theoretic outcome (win/draw/loss), at any speed."""
+    value = game_value(board)
+    return {m for m, s in solve(board).items() if (s > 0) - (s < 0) == value}
+
+
+def best_moves(board: Board) -> list[int]:
+    """Moves with the maximal depth-aware score: fastest win, slowest loss."""
+    scores = solve(board)
+    if not scores:
+        return []
+    best = max(scores.values())
+    return sorted(m for m, s in scores.items() if s == best)
+
+
+# ---------------------------------------------------------------- opponents
+
+
+def random_opponent(board: Board, rng: random.Random) -> int:
+    """A uniformly random legal move."""
+    return rng.choice(legal_moves(board))
+
+
+def minimax_opponent(board: Board, rng: random.Random) -> int:
+    """A perfect player: uniform among ``best_moves`` (seeded tie-break)."""
+    return rng.choice(best_moves(board))
+
+
+def mixed_opponent(epsilon: float) -> Opponent:
+    """A bot that plays randomly with probability ``epsilon``, else minimax."""
+    if not 0.0 <= epsilon <= 1.0:
+        raise ValueError(f"epsilon must be in [0, 1], got {epsilon!r}")
+
+    def opponent(board: Board, rng: random.Random) -> int:
+        if rng.random() < epsilon:
+            return random_opponent(board, rng)
+        return minimax_opponent(board, rng)
+
+    return opponent
+
+
+def make_opponent(name: str, epsilon: float = 0.2) -> Opponent:
+    """Bot by name: ``"random"``, ``"minimax"`` or ``"mixed"`` (uses ``epsilon``)."""
+    if name == "random":
+        return random_opponent
+    if name == "minimax":
+        return minimax_opponent
+    if name == "mixed":
+        return mixed_opponent(epsilon)
+    raise ValueError(f"unknown tic-tac-toe opponent {name!r}; use 'random', 'minimax' or 'mixed'")
+
+
+# ---------------------------------------------------------------- shared env code
+
+_STATUS = {
+    "win": "Game over: you won.",
+    "loss": "Game over: you lost.",
+    "draw": "Game over: draw.",
+    "illegal": "Game over: you made an illegal move and lost.",
+    "opponent_illegal": "Game over: your opponent made an illegal move.",
+}
+
+
+@dataclass(frozen=True)
+class Rewards:
+    """Terminal rewards by result; non-terminal steps give 0."""
+
+    win: float = 1.0
+    draw: float = 0.5
+    loss: float = 0.0
+    illegal: float = -1.0
+
+    def __call__(self, result: str | None) -> float:
+        """Reward for a result of ``result_for`` (or ``"illegal"``, ``"opponent_illegal"``)."""
+        if result is None or result == "opponent_illegal":
+            return 0.0
+        return float(getattr(self, result))
+
+
+def result_for(board: Board, mark: str) -> str | None:
+    """``"win"``, ``"loss"`` or ``"draw"`` for ``mark`` if the game is over, else None."""
+    w = winner(board)
+    if w is not None:
+        return "win" if w == mark else "loss"
+    return "draw" if is_full(board) else None
+
+
+def format_observation(board: Board, mark: str, note: str | None, status: str | None) -> str:
+    """Observation text for ``mark``: optional note line, the board, then either
+    the available moves and "Your move." (``status`` None) or ``status``."""
+    lines = [note] if note else []
+    lines += ["Board:", render_board(board)]
+    if status is None:
+        lines.append("Available moves: " + ", ".join(coord(m) for m in legal_moves(board)))
+        lines.append(f"You are {mark}. Your move.")
+    else:
+        lines.append(f"You are {mark}. {status}")
+    return "\n".join(lines)
+
+
+def _illegal_note(action: str) -> str:
+    move = parse_coord(action)
+    if move is None:
+        return f"Illegal move {action!r}: not a cell name like B2."
+    return f"Illegal move {action!r}: {coord(move)} is already taken."
+
+
+def judge_move(board: Board, action: str, tally: list[int]) -> tuple[int | None, JSON]:
+    """Check one player's move on ``board`` before it is played.
+
+    Returns the cell index (None if the move is illegal) and the step info
+    ``agent_move`` (coordinate, or the raw text if illegal), ``optimal_move``,
+    ``illegal_move``, ``num_agent_moves`` and ``num_optimal_moves``; the last
+    two are running totals kept in ``tally = [moves, optimal moves]``, updated
+    in place (an illegal move counts as a non-optimal move).
+    """
+    move = parse_coord(action)
+    if move is not None and board[move] != EMPTY:
+        move = None
+    optimal = move is not None and move in optimal_moves(board)
+    tally[0] += 1
+    tally[1] += optimal
+    info: JSON = {
+        "agent_move": action if move is None else coord(move),
+        "optimal_move": optimal,
+        "illegal_move": move is None,
+        "num_agent_moves": tally[0],
+        "num_optimal_moves": tally[1],
+    }
+    return move, info
+
+
+# ---------------------------------------------------------------- envs
+
+
+class TicTacToeEnv(SingleAgentEnv):
+    """One agent against a built-in bot; one step = agent move + bot reply.
+
+    Args:
+        agent_starts: agent plays X (True) or O (False); None samples 50/50
+            from the episode RNG at each reset.
+        opponent: ``"random"``, ``"minimax"`` or ``"mixed"``; a callable
+            ``(board, rng) -> index`` is also accepted (not serialisable).
+        epsilon: random-move probability of the ``"mixed"`` bot.
+        win_reward, draw_reward, loss_reward, illegal_reward: terminal rewards.
+        show_opponent_move: start observations with "Opponent (O) played B2."
+        agent_id: the agent's role name.
+    """
+
+    def __init__(
+        self,
+        *,
+        agent_starts: bool | None = None,
+        opponent: str | Opponent = "random",
+        epsilon: float = 0.2,
+        win_reward: float = 1.0,
+        draw_reward: float = 0.5,
+        loss_reward: float = 0.0,
+        illegal_reward: float = -1.0,
+        show_opponent_move: bool = True,
+        agent_id: str = "agent_0",
+    ) -> None:
+        super().__init__(agent_id)
+        self.agent_starts = agent_starts
+        if isinstance(opponent, str):
+            self.opponent_name, self._opponent = opponent, make_opponent(opponent, epsilon)
+        else:
+            self.opponent_name, self._opponent = getattr(opponent, "__name__", "custom"), opponent
+        self.rewards = Rewards(win_reward, draw_reward, loss_reward, illegal_reward)
+        self.show_opponent_move = show_opponent_move
+        self._rng = random.Random(0)
+        self._board: Board | None = None
+        self.mark = "X"
+        self._tally = [0, 0]
+
+    @property
+    def board(self) -> Board:
+        """Current board (after ``reset``)."""
+        if self._board is None:
+            raise RuntimeError("TicTacToeEnv: call reset() first")
+        return self._board
+
+    @property
+    def suggested_sysprompt(self) -> str:
+        return TICTACTOE_RULES
+
+    def _obs(self, reply: int | None, status: str | None) -> str:
+        note = None
+        if reply is not None and self.show_opponent_move:
+            note = f"Opponent ({other(self.mark)}) played {coord(reply)}."
+        return format_observation(self.board, self.mark, note, status)
+
+    def env_reset(self, seed: int | None = None) -> tuple[str, JSON]:
+        self._rng = random.Random(seed)
+        starts = self._rng.random() < 0.5 if self.agent_starts is None else bool(self.agent_starts)
+        self.mark = "X" if starts else "O"
+        self._board, self._tally, opening = EMPTY_BOARD, [0, 0], None
+        if not starts:
+            opening = self._opponent(self._board, self._rng)
+            self._board = play(self._board, opening)
+        info = {
+            "agent_mark": self.mark,
+            "opponent_mark": other(self.mark),
+            "agent_starts": starts,
+            "opponent": self.opponent_name,
+            "opponent_move": None if opening is None else coord(opening),
+        }
+        return self._obs(opening, None), info
+
+    def env_step(self, action: str) -> StepOutcome:
+        move, info = judge_move(self.board, action, self._tally)
+        info["opponent_move"] = None
+        if move is None:
+            info["result"] = "illegal"
+            note, status = _illegal_note(action), _STATUS["illegal"]
+            obs = format_observation(self.board, self.mark, note, status)
+            return StepOutcome(obs, self.rewards("illegal"), terminated=True, info=info)
+        self._board = play(self.board, move)
+        reply, result = None, result_for(self.board, self.mark)
+        if result is None:
+            reply = self._opponent(self.board, self._rng)
+            self._board = play(self.board, reply)
+            result = result_for(self.board, self.mark)
+            info["opponent_move"] = coord(reply)
+        if result is not None:
+            info["result"] = result
+        obs = self._obs(reply, None if result is None else _STATUS[result])
+        return StepOutcome(obs, self.rewards(result), terminated=result is not None, info=info)
+
+
+class TicTacToeGame(LudicEnv):
+    """Two-player tic-tac-toe for self-play; agent ids ``"X"`` and ``"O"``.
+
+    ``step({mover: action})`` returns an outcome for both players: the mover
+    gets the ``judge_move`` info plus ``agent_mark``; the other player gets
+    ``opponent_move`` and the new board (its turn). Terminal rewards go to
+    both (win/loss/draw); an illegal move ends the game with
+    ``illegal_reward`` for the mover and 0.0 for the other player (results
+    ``"illegal"`` / ``"opponent_illegal"``).
+    """
+
+    AGENT_IDS = ("X", "O")
+
+    def __init__(
+        self,
+        *,
+        win_reward: float = 1.0,
+        draw_reward: float = 0.5,
+        loss_reward: float = 0.0,
+        illegal_reward: float = -1.0,
+    ) -> None:
+        self.rewards = Rewards(win_reward, draw_reward, loss_reward, illegal_reward)
+        self.board: Board = EMPTY_BOARD
+        self._last: int | None = None
+        self._illegal: tuple[str, str] | None = None  # (mark, raw action)
+        self._tallies: dict[str, list[int]] = {m: [0, 0] for m in self.AGENT_IDS}
+
+    @property
+    def agent_ids(self) -> list[str]:
+        return list(self.AGENT_IDS)
+
+    @property
+    def active_agents(self) -> list[str]:
+        return [] if self.over else [to_move(self.board)]
+
+    @property
+    def over(self) -> bool:
+        """True once someone won, the board is full, or a move was illegal."""
+        return self._illegal is not None or is_over(self.board)
+
+    @property
+    def suggested_sysprompt(self) -> str:
+        return TICTACTOE_RULES
+
+    def _result(self, mark: str) -> str | None:
+        if self._illegal is not None:
+            return "illegal" if self._illegal[0] == mark else "opponent_illegal"
+        return result_for(self.board, mark)
+
+    def observe(self, agent_id: str) -> str:
+        if agent_id not in self.AGENT_IDS:
+            raise KeyError(f"unknown player {agent_id!r}; players are 'X' and 'O'")
+        note = None
+        if self._illegal is not None:
+            mark, action = self._illegal
+            note = (_illegal_note(action) if mark == agent_id
+                    else f"Opponent ({mark}) made an illegal move {action!r}.")
+        elif self._last is not None and self.board[self._last] != agent_id:
+            note = f"Opponent ({other(agent_id)}) played {coord(self._last)}."
+        result = self._result(agent_id)
+        if result is not None:
+            status = _STATUS[result]
+        else:
+            status = None if to_move(self.board) == agent_id else f"Waiting for {other(agent_id)}."
+        return format_observation(self.board, agent_id, note, status)
+
+    def reset(self, seed: int | None = None) -> dict[str, tuple[str, JSON]]:
+        """Start from the empty board (the game is deterministic; ``seed`` is unused)."""
+        self.board, self._last, self._illegal = EMPTY_BOARD, None, None
+        self._tallies = {m: [0, 0] for m in self.AGENT_IDS}
+        info = {m: {"agent_mark": m, "opponent_mark": other(m), "agent_starts": m == "X"}
+                for m in self.AGENT_IDS}
+        return {m: (self.observe(m), info[m]) for m in self.AGENT_IDS}
+
+    def step(self, actions: dict[str, str]) -> dict[str, StepOutcome]:
+        if self.over:
+            raise RuntimeError("TicTacToeGame.step() called after the game ended")
+        mover = to_move(self.board)
+        if set(actions) != {mover}:
+            raise ValueError(f"expected an action for {mover!r} only, got {sorted(actions)}")
+        move, mover_info = judge_move(self.board, actions[mover], self._tallies[mover])
+        if move is None:
+            self._illegal = (mover, actions[mover])
+        else:
+            self.board, self._last = play(self.board, move), move
+        mover_info["agent_mark"] = mover
+        infos = {mover: mover_info, other(mover): {"opponent_move": mover_info["agent_move"]}}
+        out = {}
+        for mark, info in infos.items():
+            result = self._result(mark)
+            if result is not None:
+                info["result"] = result
+            out[mark] = StepOutcome(
+                self.observe(mark), self.rewards(result), terminated=result is not None, info=info
+            )
+        return out

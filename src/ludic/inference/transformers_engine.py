@@ -1,0 +1,255 @@
+"""In-process batched sampler on a transformers model: the embedded default on CPU.
+
+``TransformersEngine`` implements ``ChatClient``. Requests from concurrently
+running episodes are queued and served together: a background task takes
+everything pending, runs one batched generation (prefill + KV-cached decode)
+in a worker thread, and resolves each request's future. On this 2-core CPU one
+sequence generates at ~15 tok/s while a batch of 32 reaches ~150 tok/s, so
+batching across episodes is what makes CPU rollouts practical.
+
+The engine holds a reference to the trainer's model (no copy): after an
+optimizer step, bump ``policy_version`` and the next tokens come from the new
+weights. Every sampled token is tagged with the version that produced it.
+
+Sampling is per request: temperature (0 = greedy), top-p, max tokens, stop
+strings and a seed (Gumbel-max with a per-request generator, so a seed
+reproduces its tokens given the same batch layout). Log-probs are those of
+the raw model distribution (temperature 1, before top-p), which is what the
+trainer recomputes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ludic.inference.chat_template import render_ids
+from ludic.inference.client import ChatRequest, ChatResponse, SamplingParams
+from ludic.types import FinishReason, TokenTrace
+
+
+@dataclass
+class _Pending:
+    request: ChatRequest
+    prompt_ids: list[int]
+    future: asyncio.Future
+
+
+class TransformersEngine:
+    """Batched in-process generation (ChatClient).
+
+    Args:
+        model: a causal LM (plain or peft-wrapped); shared, not copied.
+        tokenizer: its tokenizer (chat template required for message prompts).
+        max_batch_size: most sequences per generation batch.
+        batch_wait_s: how long to wait for more requests before starting a batch.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 64,
+        batch_wait_s: float = 0.01,
+        device: str | None = None,
+    ) -> None:
+        self.model = model
+        self._tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.device = torch.device(device) if device else next(model.parameters()).device
+        self.policy_version = 0
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.stop_ids = _stop_token_ids(model, tokenizer)
+        self._queue: list[_Pending] = []
+        self._wakeup: asyncio.Event | None = None
+        self._runner: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.stats = {"batches": 0, "sequences": 0, "tokens": 0, "seconds": 0.0}
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    # -- ChatClient --------------------------------------------------------
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._runner is None or self._runner.done():
+            self._loop = loop
+            self._wakeup = asyncio.Event()
+            self._runner = loop.create_task(self._run())
+        prompt = list(request.prompt_ids) if request.prompt_ids is not None else render_ids(
+            self._tokenizer, request.messages
+        )
+        fut: asyncio.Future = loop.create_future()
+        self._queue.append(_Pending(request, prompt, fut))
+        assert self._wakeup is not None
+        self._wakeup.set()
+        return await fut
+
+    async def _run(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            await asyncio.sleep(self.batch_wait_s)  # let concurrent episodes join
+            while self._queue:
+                batch = self._queue[: self.max_batch_size]
+                del self._queue[: len(batch)]
+                try:
+                    results = await asyncio.to_thread(
+                        self.generate, [p.prompt_ids for p in batch], [p.request.sampling for p in batch]
+                    )
+                except Exception as e:  # surface as failed requests, keep serving
+                    results = [ChatResponse.failed(f"{type(e).__name__}: {e}", tuple(p.prompt_ids)) for p in batch]
+                for p, r in zip(batch, results):
+                    if not p.future.done():
+                        p.future.set_result(r)
+
+    # -- batched generation -------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling: list[SamplingParams]) -> list[ChatResponse]:
+        """Generate one completion per prompt in a single batch (synchronous)."""
+        if not prompts:
+            return []
+        t0 = time.perf_counter()
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self._generate(prompts, sampling)
+        finally:
+            if was_training:
+                self.model.train()
+        self.stats["batches"] += 1
+        self.stats["sequences"] += len(prompts)
+        self.stats["tokens"] += sum(len(r.trace.completion_ids) for r in out)
+        self.stats["seconds"] += time.perf_counter() - t0
+        return out
+
+    def _generate(self, prompts: list[list[int]], sampling: list[SamplingParams]) -> list[ChatResponse]:
+        B, dev = len(prompts), self.device
+        lengths = torch.tensor([len(p) for p in prompts], device=dev)
+        T = int(lengths.max())
+        input_ids = torch.full((B, T), self.pad_id, dtype=torch.long, device=dev)
+        attn = torch.zeros((B, T), dtype=torch.long, device=dev)
+        for i, p in enumerate(prompts):  # left padding
+            input_ids[i, T - len(p):] = torch.tensor(p, dtype=torch.long)
+            attn[i, T - len(p):] = 1
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+
+        temps = torch.tensor([s.temperature for s in sampling], device=dev, dtype=torch.float32)
+        top_ps = torch.tensor([s.top_p for s in sampling], device=dev, dtype=torch.float32)
+        max_new = [s.max_tokens for s in sampling]
+        gens = [_generator(s.seed) for s in sampling]
+        stop_ids = torch.tensor(sorted(self.stop_ids), device=dev, dtype=torch.long)
+
+        out = self.model(
+            input_ids=input_ids, attention_mask=attn, position_ids=positions,
+            use_cache=True, logits_to_keep=1,
+        )
+        past = out.past_key_values
+        logits = out.logits[:, -1, :].float()
+        tokens: list[list[int]] = [[] for _ in range(B)]
+        logps: list[list[float]] = [[] for _ in range(B)]
+        versions: list[list[int]] = [[] for _ in range(B)]
+        finish: list[FinishReason | None] = [None] * B
+        texts: list[str | None] = [None] * B
+        pos = positions[:, -1]
+        for step in range(max(max_new)):
+            raw_logp = torch.log_softmax(logits, dim=-1)
+            chosen = _sample(logits, temps, top_ps, gens)
+            chosen_logp = raw_logp.gather(1, chosen[:, None])[:, 0]
+            is_stop = torch.isin(chosen, stop_ids)
+            version = self.policy_version
+            for i in range(B):
+                if finish[i] is not None:
+                    continue
+                tok = int(chosen[i])
+                tokens[i].append(tok)
+                logps[i].append(float(chosen_logp[i]))
+                versions[i].append(version)
+                if bool(is_stop[i]):
+                    finish[i] = FinishReason.STOP
+                elif sampling[i].stop and (cut := _stop_string_text(self._tokenizer, tokens[i], sampling[i].stop)):
+                    finish[i], texts[i] = FinishReason.STOP, cut
+                elif len(tokens[i]) >= max_new[i]:
+                    finish[i] = FinishReason.LENGTH
+            if all(f is not None for f in finish):
+                break
+            nxt = torch.tensor(
+                [tokens[i][-1] if finish[i] is None else self.pad_id for i in range(B)],
+                dtype=torch.long, device=dev,
+            )
+            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=dev)], dim=1)
+            pos = pos + 1
+            out = self.model(
+                input_ids=nxt[:, None], attention_mask=attn, position_ids=pos[:, None],
+                past_key_values=past, use_cache=True,
+            )
+            past = out.past_key_values
+            logits = out.logits[:, -1, :].float()
+
+        results = []
+        for i in range(B):
+            reason = finish[i] or FinishReason.LENGTH
+            text = texts[i] if texts[i] is not None else self._tokenizer.decode(tokens[i], skip_special_tokens=True)
+            trace = TokenTrace(
+                prompt_ids=tuple(prompts[i]), completion_ids=tuple(tokens[i]),
+                logprobs=tuple(logps[i]), policy_versions=tuple(versions[i]), finish_reason=reason,
+            )
+            results.append(ChatResponse(text=text, trace=trace, info={"batch_size": B}))
+        return results
+
+
+def _stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(x) for x in src)
+    return ids
+
+
+def _generator(seed: int | None) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed if seed is not None else random.getrandbits(63))
+    return g
+
+
+def _sample(
+    logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, gens: list[torch.Generator]
+) -> torch.Tensor:
+    """Per-row temperature / top-p sampling by Gumbel-max; temperature 0 is greedy.
+
+    logits: [B, V] float32 -> token ids [B].
+    """
+    greedy = logits.argmax(dim=-1)
+    scaled = logits / temps.clamp(min=1e-6)[:, None]
+    if bool((top_ps < 1).any()):
+        probs = torch.softmax(scaled, dim=-1)
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= top_ps[:, None]  # keep the first token always
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        scaled = scaled.masked_fill(drop, float("-inf"))
+    V = logits.shape[-1]
+    u = torch.stack([torch.rand(V, generator=g) for g in gens]).to(logits.device)
+    gumbel = -torch.log(-torch.log(u.clamp(min=1e-20, max=1 - 1e-7)))
+    sampled = (scaled + gumbel).argmax(dim=-1)
+    return torch.where(temps > 0, sampled, greedy)
+
+
+def _stop_string_text(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> str | None:
+    """Decoded text cut just after the first stop string, or None if none occurs."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    hits = [(text.find(s), s) for s in stops if s and s in text]
+    if not hits:
+        return None
+    at, s = min(hits)
+    return text[: at + len(s)]

@@ -1,0 +1,352 @@
+r"""Policy-gradient losses over flattened action tokens.
+
+A micro-batch holds N action tokens in S segments (one segment = one trained
+completion). For token t of segment i = seg[t]:
+
+    A_t = adv[i]                                  advantage of the segment
+    r_t = exp(logp_t - old_logp_t)                token importance ratio
+    sg(x)                                         stop-gradient (x.detach())
+    clip(x) = min(max(x, 1 - clip_low), 1 + clip_high)
+
+Per-token objective o_t for each ``LossConfig.kind``:
+
+    sft                 o_t = -A_t * logp_t
+    reinforce           o_t = -w_t * A_t * logp_t,
+                        w_t = sg(min(r_t, is_cap)) if is_cap and old_logp given, else 1
+    reinforce_baseline  as reinforce with A_t -> (A_t - adv_mean) [/ (adv_std + 1e-8)]
+    ppo                 o_t = -min(r_t * A_t, clip(r_t) * A_t)          (GRPO / DAPO / Dr.GRPO)
+    gspo                o_t = -min(s_t * A_t, clip(s_t) * A_t),
+                        s_t = sg(s_i) * exp(logp_t - sg(logp_t)),
+                        s_i = exp(mean_{u in i} (logp_u - old_logp_u))  (GSPO-token form)
+    cispo               o_t = -sg(clip(r_t)) * A_t * logp_t              (MiniMax-M1)
+
+The GSPO-token form has the value of the sequence ratio s_i on every token and
+d s_t / d logp_t = s_i, so with "sequence" aggregation its gradient equals
+GSPO's  d/d logp_t [ -min(s_i A_i, clip(s_i) A_i) ] = -A_i s_i / |y_i|  (when
+unclipped). CISPO keeps a gradient on every token: only the weight is clipped.
+
+Aggregation of a per-token quantity x_t (all normalisers are for the WHOLE
+optimizer batch: T = total_tokens, G = total_segments, L = max_tokens):
+
+    token     sum_t x_t / T                              (DAPO, "bnpo")
+    sequence  sum_i (mean_{t in i} x_t) / G              (original GRPO)
+    constant  sum_t x_t / (G * L)                        (Dr.GRPO)
+    sum       sum_t x_t / G                              (REINFORCE on sequence log-prob)
+
+Total loss:
+
+    loss = agg(o) + kl_coef * agg(kl) - entropy_coef * agg(entropy)
+    kl_t = logp_t - ref_logp_t                           (k1)
+    kl_t = exp(ref_logp_t - logp_t) - (ref_logp_t - logp_t) - 1   (k3, >= 0)
+
+Because the normalisers are global, every aggregation is a sum over segments,
+so the losses (and gradients) of the micro-batches of one optimizer batch SUM
+to the full-batch loss -- call ``backward()`` on each and do not rescale. A
+segment must not be split across micro-batches ("sequence" and "gspo" need all
+its tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor
+
+LOSS_KINDS = ("reinforce", "reinforce_baseline", "ppo", "gspo", "cispo", "sft")
+AGGREGATIONS = ("token", "sequence", "constant", "sum")
+KL_ESTIMATORS = ("k1", "k3")
+_NEEDS_OLD_LOGP = ("ppo", "gspo", "cispo")
+_STD_EPS = 1e-8
+
+
+@dataclass
+class LossInputs:
+    """Flattened action tokens of one micro-batch: N tokens in S segments (one segment = one trained completion)."""
+
+    logp: Tensor
+    """[N] float, current policy log-prob of each action token (carries grad)."""
+    adv: Tensor
+    """[S] float, advantage / weight of each segment."""
+    seg: Tensor
+    """[N] long, segment index in [0, S) of each token."""
+    total_tokens: float
+    """Action tokens in the WHOLE optimizer batch (all micro-batches)."""
+    total_segments: float
+    """Segments in the whole optimizer batch."""
+    old_logp: Tensor | None = None
+    """[N] sampler (behaviour policy) log-probs; None for offline data."""
+    ref_logp: Tensor | None = None
+    """[N] reference-policy log-probs, for the KL penalty."""
+    entropy: Tensor | None = None
+    """[N] entropy of the current policy at each action token (carries grad)."""
+    max_tokens: float | None = None
+    """Dr.GRPO constant normaliser L (max completion tokens)."""
+    adv_mean: float = 0.0
+    """Mean of adv over the whole batch (REINFORCE baseline)."""
+    adv_std: float = 1.0
+    """Std of adv over the whole batch."""
+
+    def __post_init__(self) -> None:
+        if self.logp.dim() != 1:
+            raise ValueError(f"LossInputs.logp must be 1-D [N], got shape {tuple(self.logp.shape)}")
+        if self.adv.dim() != 1:
+            raise ValueError(f"LossInputs.adv must be 1-D [S], got shape {tuple(self.adv.shape)}")
+        if self.seg.shape != self.logp.shape:
+            raise ValueError(
+                f"LossInputs.seg shape {tuple(self.seg.shape)} != logp shape {tuple(self.logp.shape)}"
+            )
+        if self.seg.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"LossInputs.seg must be an integer (long) tensor, got {self.seg.dtype}")
+        for name in ("old_logp", "ref_logp", "entropy"):
+            t = getattr(self, name)
+            if t is not None and t.shape != self.logp.shape:
+                raise ValueError(
+                    f"LossInputs.{name} shape {tuple(t.shape)} != logp shape {tuple(self.logp.shape)}"
+                )
+        if not self.total_tokens > 0:
+            raise ValueError(f"LossInputs.total_tokens must be > 0, got {self.total_tokens}")
+        if not self.total_segments > 0:
+            raise ValueError(f"LossInputs.total_segments must be > 0, got {self.total_segments}")
+        if self.max_tokens is not None and not self.max_tokens > 0:
+            raise ValueError(f"LossInputs.max_tokens must be > 0 or None, got {self.max_tokens}")
+
+    @property
+    def num_segments(self) -> int:
+        """S, the number of segments in this micro-batch."""
+        return self.adv.numel()
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Which policy-gradient objective to use, and how to normalise it."""
+
+    kind: str = "ppo"
+    """"reinforce" | "reinforce_baseline" | "ppo" | "gspo" | "cispo" | "sft"."""
+    aggregation: str = "token"
+    """"token" (DAPO) | "sequence" (GRPO) | "constant" (Dr.GRPO) | "sum" (REINFORCE)."""
+    clip_low: float = 0.2
+    """Epsilon low: ratio clipped to [1 - clip_low, 1 + clip_high] (>= 1 means no lower bound)."""
+    clip_high: float = 0.2
+    """Epsilon high (clip-higher: DAPO uses 0.28)."""
+    is_cap: float | None = None
+    """REINFORCE: truncated IS weight sg(min(ratio, is_cap)) when old_logp is given; None = no IS."""
+    normalize_std: bool = False
+    """reinforce_baseline: divide (adv - adv_mean) by (adv_std + 1e-8)."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the reference policy (needs ref_logp when > 0)."""
+    kl_estimator: str = "k3"
+    """"k1": logp - ref_logp ; "k3": exp(ref - logp) - (ref - logp) - 1."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: loss -= entropy_coef * aggregate(entropy) (needs entropy when != 0)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in LOSS_KINDS:
+            raise ValueError(f"LossConfig.kind={self.kind!r} is not one of {LOSS_KINDS}")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"LossConfig.aggregation={self.aggregation!r} is not one of {AGGREGATIONS}"
+            )
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ValueError(
+                f"LossConfig.kl_estimator={self.kl_estimator!r} is not one of {KL_ESTIMATORS}"
+            )
+        for name in ("clip_low", "clip_high", "kl_coef"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"LossConfig.{name}={v!r} must be a finite number >= 0")
+        if not math.isfinite(self.entropy_coef):
+            raise ValueError(f"LossConfig.entropy_coef={self.entropy_coef!r} must be finite")
+        if self.is_cap is not None and not self.is_cap > 0:
+            raise ValueError(f"LossConfig.is_cap={self.is_cap!r} must be > 0 or None")
+
+    @property
+    def needs_old_logp(self) -> bool:
+        """True when the objective uses sampler log-probs (ppo, gspo, cispo)."""
+        return self.kind in _NEEDS_OLD_LOGP
+
+    @property
+    def needs_ref_logp(self) -> bool:
+        """True when a KL penalty is active (a reference model must be run)."""
+        return self.kl_coef > 0
+
+    @property
+    def needs_entropy(self) -> bool:
+        """True when the entropy bonus is active (per-token entropy must be computed)."""
+        return self.entropy_coef != 0
+
+
+LOSS_PRESETS: dict[str, LossConfig] = {
+    "grpo": LossConfig(kind="ppo", aggregation="sequence"),
+    "dr_grpo": LossConfig(kind="ppo", aggregation="constant"),
+    "dapo": LossConfig(kind="ppo", aggregation="token", clip_high=0.28),
+    "gspo": LossConfig(kind="gspo", aggregation="sequence", clip_low=3e-4, clip_high=4e-4),
+    "cispo": LossConfig(kind="cispo", aggregation="token", clip_low=1e6, clip_high=0.2),
+    "reinforce": LossConfig(kind="reinforce", aggregation="sum"),
+    "reinforce_baseline": LossConfig(kind="reinforce_baseline", aggregation="sum"),
+    "sft": LossConfig(kind="sft", aggregation="token"),
+}
+"""Named configs; names follow TRL's ``loss_type`` where one exists."""
+
+
+def loss_preset(name: str, **overrides: object) -> LossConfig:
+    """The preset ``name`` from LOSS_PRESETS with some fields replaced (e.g. kl_coef=0.04)."""
+    if name not in LOSS_PRESETS:
+        raise ValueError(f"unknown loss preset {name!r}; known: {sorted(LOSS_PRESETS)}")
+    return replace(LOSS_PRESETS[name], **overrides)
+
+
+def segment_mean(values: Tensor, seg: Tensor, num_segments: int) -> Tensor:
+    """Mean of ``values`` [N] within each segment -> [S]; empty segments give 0. Differentiable."""
+    sums = values.new_zeros(num_segments).index_add(0, seg, values)
+    counts = values.new_zeros(num_segments).index_add_(0, seg, torch.ones_like(values.detach()))
+    return sums / counts.clamp(min=1)
+
+
+def aggregate(per_token: Tensor, inp: LossInputs, mode: str) -> Tensor:
+    """Reduce a per-token quantity [N] to this micro-batch's scalar share of the batch value.
+
+    See the module docstring for the four modes; all divide by whole-batch
+    counts taken from ``inp``, so the shares of all micro-batches sum to the
+    full-batch aggregate.
+    """
+    if mode == "token":
+        return per_token.sum() / inp.total_tokens
+    if mode == "sequence":
+        return segment_mean(per_token, inp.seg, inp.num_segments).sum() / inp.total_segments
+    if mode == "constant":
+        if inp.max_tokens is None:
+            raise ValueError('aggregation "constant" (Dr.GRPO) needs LossInputs.max_tokens')
+        return per_token.sum() / (inp.total_segments * inp.max_tokens)
+    if mode == "sum":
+        return per_token.sum() / inp.total_segments
+    raise ValueError(f"aggregation={mode!r} is not one of {AGGREGATIONS}")
+
+
+def kl_estimate(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
+    """Per-token estimate [N] of KL(pi || pi_ref) from sampled-token log-probs (grad flows via logp)."""
+    if estimator == "k1":
+        return logp - ref_logp
+    if estimator == "k3":
+        d = ref_logp - logp
+        return torch.exp(d) - d - 1
+    raise ValueError(f"kl_estimator={estimator!r} is not one of {KL_ESTIMATORS}")
+
+
+def _mean(x: Tensor) -> Tensor:
+    """Detached mean (bool counts as 0/1) that is 0, not NaN, for an empty tensor."""
+    x = x.detach()
+    if not x.is_floating_point():
+        x = x.float()
+    return x.mean() if x.numel() else x.new_zeros(())
+
+
+def _max(x: Tensor) -> Tensor:
+    """Detached max that is 0 for an empty tensor."""
+    x = x.detach()
+    return x.max() if x.numel() else x.new_zeros(())
+
+
+def _check_inputs(inp: LossInputs, cfg: LossConfig) -> None:
+    """Raise ValueError when ``inp`` lacks something ``cfg`` needs."""
+    if cfg.needs_old_logp and inp.old_logp is None:
+        raise ValueError(f'loss kind "{cfg.kind}" needs LossInputs.old_logp (sampler log-probs)')
+    if cfg.aggregation == "constant" and inp.max_tokens is None:
+        raise ValueError('aggregation "constant" (Dr.GRPO) needs LossInputs.max_tokens')
+    if cfg.needs_ref_logp and inp.ref_logp is None:
+        raise ValueError(f"kl_coef={cfg.kl_coef} needs LossInputs.ref_logp")
+    if cfg.needs_entropy and inp.entropy is None:
+        raise ValueError(f"entropy_coef={cfg.entropy_coef} needs LossInputs.entropy")
+
+
+def compute_loss(inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Tensor]]:
+    """Loss of one micro-batch (0-d, carries grad) and detached 0-d diagnostics.
+
+    The loss is this micro-batch's share: summing it over the micro-batches of
+    an optimizer batch gives the full-batch loss. In the diagnostics, "loss",
+    "policy_loss", "kl_loss" and "entropy_loss" are such shares; the others are
+    plain means over this micro-batch's tokens ("adv_mean": over its segments):
+    "logp_mean", "num_tokens", and when applicable "ratio_mean", "ratio_max"
+    (the ratio the objective uses: s_i for gspo), "clip_frac" (fraction of
+    tokens whose ratio / IS weight was clipped in the objective), "kl",
+    "entropy".
+    """
+    _check_inputs(inp, cfg)
+    dtype = torch.promote_types(inp.logp.dtype, torch.float32)
+    logp = inp.logp.to(dtype)
+    seg = inp.seg
+    A = inp.adv.to(dtype)[seg]  # [N]
+    lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
+
+    log_ratio = ratio = None
+    if inp.old_logp is not None:
+        log_ratio = logp - inp.old_logp.to(dtype)  # [N], grad via logp
+        ratio = torch.exp(log_ratio)
+    ratio_stat = ratio  # the ratio reported in the diagnostics
+    clipped: Tensor | None = None  # [N] bool, tokens clipped in the objective
+
+    kind = cfg.kind
+    if kind == "sft":
+        obj = -A * logp
+    elif kind in ("reinforce", "reinforce_baseline"):
+        if kind == "reinforce_baseline":
+            A = A - inp.adv_mean
+            if cfg.normalize_std:
+                A = A / (inp.adv_std + _STD_EPS)
+        if cfg.is_cap is not None and ratio is not None:
+            r = ratio.detach()
+            clipped = r > cfg.is_cap
+            obj = -r.clamp(max=cfg.is_cap) * A * logp
+        else:
+            obj = -A * logp
+    elif kind == "ppo":
+        assert ratio is not None
+        obj = -torch.minimum(ratio * A, ratio.clamp(lo, hi) * A)
+        clipped = ((A > 0) & (ratio > hi)) | ((A < 0) & (ratio < lo))
+    elif kind == "gspo":
+        assert log_ratio is not None
+        seq_log_ratio = segment_mean(log_ratio.detach(), seg, inp.num_segments)  # [S]
+        s = torch.exp(seq_log_ratio[seg] + logp - logp.detach())  # [N], value s_i, ds/dlogp = s_i
+        obj = -torch.minimum(s * A, s.clamp(lo, hi) * A)
+        clipped = ((A > 0) & (s > hi)) | ((A < 0) & (s < lo))
+        ratio_stat = s
+    elif kind == "cispo":
+        assert ratio is not None
+        r = ratio.detach()
+        clipped = (r < lo) | (r > hi)
+        obj = -r.clamp(lo, hi) * A * logp
+    else:  # pragma: no cover - LossConfig validates kind
+        raise ValueError(f"LossConfig.kind={kind!r} is not one of {LOSS_KINDS}")
+
+    policy_loss = aggregate(obj, inp, cfg.aggregation)
+    loss = policy_loss
+    stats: dict[str, Tensor] = {
+        "policy_loss": policy_loss.detach(),
+        "logp_mean": _mean(logp),
+        "adv_mean": _mean(inp.adv),
+        "num_tokens": torch.tensor(float(logp.numel()), device=logp.device),
+    }
+    if ratio_stat is not None:
+        stats["ratio_mean"] = _mean(ratio_stat)
+        stats["ratio_max"] = _max(ratio_stat)
+    if clipped is not None:
+        stats["clip_frac"] = _mean(clipped)
+
+    if inp.ref_logp is not None:
+        kl = kl_estimate(logp, inp.ref_logp.to(dtype), cfg.kl_estimator)
+        stats["kl"] = _mean(kl)
+        if cfg.kl_coef > 0:
+            kl_loss = cfg.kl_coef * aggregate(kl, inp, cfg.aggregation)
+            loss = loss + kl_loss
+            stats["kl_loss"] = kl_loss.detach()
+    if inp.entropy is not None:
+        ent = inp.entropy.to(dtype)
+        stats["entropy"] = _mean(ent)
+        if cfg.entropy_coef != 0:
+            ent_loss = -cfg.entropy_coef * aggregate(ent, inp, cfg.aggregation)
+            loss = loss + ent_loss
+            stats["entropy_loss"] = ent_loss.detach()
+
+    stats["loss"] = loss.detach()
+    return loss, stats
