@@ -1,0 +1,487 @@
+"""Weight publishers: push the trainer's policy to inference engines, versioned.
+
+The trainer calls ``publisher.publish(model, version)`` after an optimizer step
+(``version`` = the step). A publisher decides whether this step is due
+(``every_n_steps``: published when ``version % every_n_steps == 0``), acts only on rank 0
+under torch.distributed, and returns timing stats for the logger.
+
+* ``VLLMAdapterPublisher`` (default for LoRA): ``model.save_pretrained`` of the peft
+  adapter into ``out_dir/v<version>``, then ``POST /ludic/load_adapter`` on every server.
+  ``out_dir`` must be readable by the servers (same machine or shared disk).
+* ``VLLMFullWeightsPublisher``: merged weights (LoRA deltas added out of place, so the
+  trainer's base weights never drift) with the base model's parameter names, sent by
+  ``"path"`` (safetensors folder on a shared disk, ``/ludic/update_weights``),
+  ``"upload"`` (the safetensors bytes in the request body, ``/ludic/upload_weights``) or
+  ``"nccl"`` (GPU: vLLM's NCCL weight-transfer engine through ``/ludic/init_communicator``
+  and ``/ludic/nccl/*``). ``"auto"`` = path for loopback servers, upload otherwise.
+* ``InProcessPublisher(engine)``: for ``VLLMEngineClient`` (adapter by ``LoRARequest`` or
+  full reload) and ``TransformersEngine`` (shares the trainer's model: bump the version, or
+  copy weights when it holds a separate model).
+
+A server that cannot be reached is recorded in the returned stats (``errors``) and
+skipped (it gets the next version); a server that rejects the push (4xx, e.g. a
+non-increasing version) raises ``PublishError``. FSDP: gather the full state dict on
+every rank first and pass it as ``model`` (a mapping of name -> tensor) on rank 0.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import urlparse
+
+import torch
+
+TOKEN_ENV = "LUDIC_SERVER_TOKEN"
+
+
+class PublishError(RuntimeError):
+    """A server rejected a weight push (bad request, version conflict)."""
+
+
+@runtime_checkable
+class WeightPublisher(Protocol):
+    def publish(self, model: Any, version: int) -> dict[str, Any]: ...
+
+
+def is_rank0() -> bool:
+    """True unless torch.distributed is initialised and this is not rank 0."""
+    dist = torch.distributed
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+class rank0_only:  # noqa: N801 - reads as a decorator-like wrapper
+    """Wrap a publisher so only rank 0 publishes (other ranks return ``{"skipped": ...}``)."""
+
+    def __init__(self, inner: WeightPublisher) -> None:
+        self.inner = inner
+
+    def publish(self, model: Any, version: int) -> dict[str, Any]:
+        if not is_rank0():
+            return {"skipped": "not rank 0", "version": version}
+        return self.inner.publish(model, version)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def unwrap(model: Any) -> Any:
+    """Strip DDP / torch.compile wrappers."""
+    while True:
+        if hasattr(model, "module") and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def is_peft(model: Any) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def _clean_name(name: str) -> str:
+    while name.startswith("base_model.model."):
+        name = name[len("base_model.model."):]
+    return name.replace(".base_layer.", ".")
+
+
+@torch.no_grad()
+def merged_state_dict(model: Any, dtype: torch.dtype | None = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """Full weights with base-model names; for a peft LoRA model the deltas are added
+    out of place (``W + get_delta_weight``), so the trainer's weights are untouched.
+    Tied ``lm_head.weight`` is dropped (vLLM ties it from the embeddings)."""
+    if isinstance(model, Mapping):
+        sd = {_clean_name(k): v for k, v in model.items() if "lora_" not in k}
+    else:
+        model = unwrap(model)
+        deltas: dict[str, torch.Tensor] = {}
+        if is_peft(model):
+            from peft.tuners.lora import LoraLayer
+
+            for mname, module in model.named_modules():
+                if isinstance(module, LoraLayer) and not getattr(module, "merged", False):
+                    for adapter in module.active_adapters:
+                        if adapter in getattr(module, "lora_A", {}):
+                            key = _clean_name(f"{mname}.base_layer.weight")
+                            d = module.get_delta_weight(adapter).float()
+                            deltas[key] = deltas[key] + d if key in deltas else d
+        sd = {}
+        for k, v in model.state_dict().items():
+            if "lora_" in k:
+                continue
+            name = _clean_name(k)
+            sd[name] = (v.float() + deltas[name]) if name in deltas else v
+        cfg = getattr(unwrap(model.get_base_model() if is_peft(model) else model), "config", None)
+        if getattr(cfg, "tie_word_embeddings", False):
+            sd.pop("lm_head.weight", None)
+    out = {}
+    for k, v in sd.items():
+        v = v.detach()
+        if dtype is not None and v.is_floating_point():
+            v = v.to(dtype)
+        out[k] = v.contiguous().cpu().clone()
+    return out
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    dirs = sorted((d for d in root.glob("v*") if d.is_dir()), key=lambda d: d.stat().st_mtime)
+    for d in dirs[: max(0, len(dirs) - keep_last)]:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _is_loopback(url: str) -> bool:
+    return (urlparse(url).hostname or "") in {"127.0.0.1", "localhost", "::1"}
+
+
+class _HTTPPublisher:
+    """Shared plumbing: due-check, rank-0 check, parallel POST to servers with retries."""
+
+    def __init__(self, urls: list[str] | str, *, every_n_steps: int = 1, token: str | None = None,
+                 timeout_s: float = 600.0, retries: int = 2, backoff_s: float = 1.0) -> None:
+        self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
+        if not self.urls:
+            raise ValueError("a publisher needs at least one server URL")
+        if every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.last_version: int | None = None
+
+    def due(self, version: int) -> bool:
+        return version % self.every_n_steps == 0
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def _post(self, url: str, path: str, **kw: Any) -> dict[str, Any]:
+        import httpx
+
+        last = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            t0 = time.perf_counter()
+            try:
+                r = httpx.post(url + path, headers=self._headers(), timeout=self.timeout_s, **kw)
+            except httpx.TransportError as e:
+                last = f"{type(e).__name__}: {e}"
+                continue
+            if r.status_code < 300:
+                out = r.json()
+                out["http_s"] = time.perf_counter() - t0
+                return out
+            if r.status_code < 500:
+                raise PublishError(f"{url}{path} rejected the push: HTTP {r.status_code} {r.text[:500]}")
+            last = f"HTTP {r.status_code}: {r.text[:300]}"
+        raise ConnectionError(last)
+
+    def _fan_out(self, path: str, make_kw: Any) -> tuple[dict[str, Any], dict[str, str]]:
+        results: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+
+        def one(url: str) -> None:
+            try:
+                results[url] = self._post(url, path, **make_kw(url))
+            except ConnectionError as e:
+                errors[url] = str(e)
+
+        with ThreadPoolExecutor(max_workers=len(self.urls)) as ex:
+            list(ex.map(one, self.urls))  # PublishError propagates
+        return results, errors
+
+
+# --------------------------------------------------------------------------- adapters
+
+
+class VLLMAdapterPublisher(_HTTPPublisher):
+    """Publish a peft LoRA adapter to Ludic vLLM servers.
+
+    Args:
+        urls: server base URLs.
+        out_dir: where versioned adapter folders are written (visible to the servers).
+        every_n_steps: publish when ``version % every_n_steps == 0``.
+        token: bearer token (default ``$LUDIC_SERVER_TOKEN``).
+        name: adapter name; servers serve it as ``<name>-v<version>``.
+        keep_last: adapter folders kept on disk (in-flight requests may still need the
+            previous one).
+    """
+
+    def __init__(self, urls: list[str] | str, out_dir: str | os.PathLike, every_n_steps: int = 1,
+                 token: str | None = None, *, name: str = "policy", keep_last: int = 3,
+                 **kw: Any) -> None:
+        super().__init__(urls, every_n_steps=every_n_steps, token=token, **kw)
+        self.out_dir = Path(out_dir).resolve()
+        self.name = name
+        self.keep_last = max(2, keep_last)
+
+    def publish(self, model: Any, version: int) -> dict[str, Any]:
+        if not is_rank0():
+            return {"skipped": "not rank 0", "version": version}
+        if not self.due(version):
+            return {"skipped": "not due", "version": version}
+        model = unwrap(model)
+        if not is_peft(model):
+            raise TypeError("VLLMAdapterPublisher needs a peft model; use VLLMFullWeightsPublisher")
+        t0 = time.perf_counter()
+        folder = self.out_dir / f"v{version:07d}"
+        tmp = folder.with_name(folder.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)  # servers never see a half-written adapter
+        t1 = time.perf_counter()
+        body = {"name": self.name, "path": str(folder), "version": int(version)}
+        results, errors = self._fan_out("/ludic/load_adapter", lambda url: {"json": body})
+        t2 = time.perf_counter()
+        _prune(self.out_dir, self.keep_last)
+        self.last_version = version
+        return {"version": version, "kind": "adapter", "save_s": t1 - t0, "push_s": t2 - t1,
+                "total_s": t2 - t0, "servers": results, "errors": errors}
+
+
+# --------------------------------------------------------------------------- full weights
+
+
+class VLLMFullWeightsPublisher(_HTTPPublisher):
+    """Publish merged full weights to Ludic vLLM servers.
+
+    Args:
+        urls: server base URLs.
+        out_dir: folder for versioned safetensors (``transport="path"``); a temp dir if None.
+        transport: ``"auto"``, ``"path"``, ``"upload"`` or ``"nccl"`` (GPU).
+        dtype: wire dtype of floating tensors (the server's ``--dtype``).
+        nccl_master_address / nccl_port: NCCL rendezvous the servers' workers connect to.
+    """
+
+    def __init__(self, urls: list[str] | str, out_dir: str | os.PathLike | None = None,
+                 every_n_steps: int = 1, token: str | None = None, *, transport: str = "auto",
+                 dtype: torch.dtype = torch.bfloat16, keep_last: int = 2,
+                 nccl_master_address: str = "127.0.0.1", nccl_port: int = 29555, **kw: Any) -> None:
+        super().__init__(urls, every_n_steps=every_n_steps, token=token, **kw)
+        if transport not in ("auto", "path", "upload", "nccl"):
+            raise ValueError(f"transport must be auto, path, upload or nccl, got {transport!r}")
+        self.transport = transport
+        self.out_dir = Path(out_dir or tempfile.mkdtemp(prefix="ludic-full-")).resolve()
+        self.dtype = dtype
+        self.keep_last = max(1, keep_last)
+        self.nccl_master_address = nccl_master_address
+        self.nccl_port = nccl_port
+        self._nccl: dict[str, NCCLTransport] = {}
+
+    def _mode(self, url: str) -> str:
+        if self.transport != "auto":
+            return self.transport
+        return "path" if _is_loopback(url) else "upload"
+
+    def publish(self, model: Any, version: int) -> dict[str, Any]:
+        if not is_rank0():
+            return {"skipped": "not rank 0", "version": version}
+        if not self.due(version):
+            return {"skipped": "not due", "version": version}
+        from safetensors.torch import save, save_file
+
+        t0 = time.perf_counter()
+        sd = merged_state_dict(model, self.dtype)
+        t1 = time.perf_counter()
+        modes = {u: self._mode(u) for u in self.urls}
+        results: dict[str, Any] = {}
+        errors: dict[str, str] = {}
+        folder = self.out_dir / f"v{version:07d}"
+        if "path" in modes.values():
+            tmp = folder.with_name(folder.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            shutil.rmtree(folder, ignore_errors=True)
+            tmp.rename(folder)
+        blob = save(sd, metadata={"format": "pt"}) if "upload" in modes.values() else None
+        t2 = time.perf_counter()
+
+        def kw_for(url: str) -> dict[str, Any]:
+            if modes[url] == "path":
+                return {"json": {"path": str(folder), "version": int(version)}}
+            return {"content": blob, "params": {"version": int(version)},
+                    "headers": {**self._headers(), "content-type": "application/octet-stream"}}
+
+        lock = threading.Lock()
+
+        def one(url: str) -> None:
+            try:
+                if modes[url] == "nccl":
+                    out = self._nccl_for(url).send(sd, version)
+                else:
+                    path = "/ludic/update_weights" if modes[url] == "path" else "/ludic/upload_weights"
+                    out = self._post(url, path, **kw_for(url))
+                with lock:
+                    results[url] = out
+            except ConnectionError as e:
+                with lock:
+                    errors[url] = str(e)
+
+        with ThreadPoolExecutor(max_workers=len(self.urls)) as ex:
+            list(ex.map(one, self.urls))
+        t3 = time.perf_counter()
+        if "path" in modes.values():
+            _prune(self.out_dir, self.keep_last)
+        self.last_version = version
+        return {"version": version, "kind": "full", "transport": sorted(set(modes.values())),
+                "extract_s": t1 - t0, "serialize_s": t2 - t1, "push_s": t3 - t2,
+                "total_s": t3 - t0, "bytes": sum(v.numel() * v.element_size() for v in sd.values()),
+                "servers": results, "errors": errors}
+
+    def _nccl_for(self, url: str) -> "NCCLTransport":
+        if url not in self._nccl:
+            port = self.nccl_port + len(self._nccl)
+            self._nccl[url] = NCCLTransport(url, self._headers(), self.nccl_master_address, port)
+        return self._nccl[url]
+
+
+class _DictSource:
+    """vLLM ``WeightSource`` over a prepared state dict (built lazily on vLLM's base class)."""
+
+    @staticmethod
+    def make(sd: dict[str, torch.Tensor], device: torch.device) -> Any:
+        from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+        class Source(WeightSource):
+            def metadata(self) -> list[Any]:
+                return [ParamMeta(k, v.dtype, tuple(v.shape)) for k, v in sd.items()]
+
+            def __iter__(self):  # type: ignore[no-untyped-def]
+                for k, v in sd.items():
+                    yield k, v.to(device, non_blocking=True)
+
+        return Source()
+
+
+class NCCLTransport:
+    """GPU route: vLLM's NCCL weight-transfer engine, driven through Ludic's endpoints.
+
+    The trainer process is NCCL rank 0; the server's workers join as ranks 1..W (the
+    server must run with ``--weight-transfer-config '{"backend": "nccl"}'``, the Ludic
+    server's default on GPUs). Not exercised on the CPU-only CI machines.
+    """
+
+    def __init__(self, url: str, headers: dict[str, str], master_address: str, master_port: int,
+                 timeout_s: float = 600.0) -> None:
+        self.url, self.headers, self.timeout_s = url, headers, timeout_s
+        self.master_address, self.master_port = master_address, master_port
+        self.engine: Any = None
+        self._version: int | None = None
+
+    # the VLLMWeightSyncClient protocol vLLM's trainer engine drives
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> None:
+        import httpx
+
+        r = httpx.post(self.url + path, json=body or {}, headers=self.headers, timeout=self.timeout_s)
+        if r.status_code >= 300:
+            raise PublishError(f"{self.url}{path}: HTTP {r.status_code} {r.text[:300]}")
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._post("/ludic/init_communicator", {"init_info": init_info})
+
+    def shutdown_weight_transfer_engine(self) -> None:
+        self._post("/ludic/close_communicator")
+
+    def start_weight_update(self) -> None:
+        self._post("/ludic/nccl/start")
+
+    def update_weights(self, update_info: Any) -> None:
+        self._post("/ludic/nccl/update", {"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._post("/ludic/nccl/finish", {"version": self._version})
+
+    def send(self, sd: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
+        import httpx
+        from vllm.distributed.weight_transfer.nccl_engine import (
+            NCCLTrainerInitInfo,
+            NCCLTrainerWeightTransferEngine,
+        )
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("the NCCL transport needs a CUDA device on the trainer")
+        t0 = time.perf_counter()
+        self._version = version
+        if self.engine is None:
+            policy = httpx.get(self.url + "/ludic/policy", headers=self.headers, timeout=30).json()
+            world = 1 + int(policy.get("world_size", 1))
+            info = NCCLTrainerInitInfo(master_address=self.master_address,
+                                       master_port=self.master_port, world_size=world)
+            source = _DictSource.make(sd, torch.device("cuda"))
+            self.engine = NCCLTrainerWeightTransferEngine.trainer_init(info, client=self, source=source)
+        self.engine.source = _DictSource.make(sd, torch.device("cuda"))
+        self.engine.send_weights()  # start -> update (concurrent broadcast) -> finish
+        return {"version": version, "nccl_s": time.perf_counter() - t0}
+
+
+# --------------------------------------------------------------------------- in-process
+
+
+class InProcessPublisher:
+    """Publish to an in-process engine (``VLLMEngineClient`` or ``TransformersEngine``).
+
+    * ``VLLMEngineClient``: ``mode="adapter"`` saves the peft adapter and loads it as a new
+      ``LoRARequest``; ``mode="full"`` saves merged safetensors and reloads them.
+    * ``TransformersEngine`` holding the trainer's own model: the weights are already
+      live, so only ``policy_version`` is bumped; holding another model: its weights are
+      copied in (``load_state_dict``) and the version bumped.
+    """
+
+    def __init__(self, engine: Any, *, mode: str = "adapter", out_dir: str | os.PathLike | None = None,
+                 every_n_steps: int = 1, keep_last: int = 3) -> None:
+        if mode not in ("adapter", "full"):
+            raise ValueError(f"mode must be 'adapter' or 'full', got {mode!r}")
+        self.engine = engine
+        self.mode = mode
+        self.out_dir = Path(out_dir or tempfile.mkdtemp(prefix="ludic-inproc-")).resolve()
+        self.every_n_steps = every_n_steps
+        self.keep_last = keep_last
+
+    def publish(self, model: Any, version: int) -> dict[str, Any]:
+        if not is_rank0():
+            return {"skipped": "not rank 0", "version": version}
+        if version % self.every_n_steps != 0:
+            return {"skipped": "not due", "version": version}
+        t0 = time.perf_counter()
+        eng = self.engine
+        model = unwrap(model) if not isinstance(model, Mapping) else model
+        if hasattr(eng, "load_adapter") and hasattr(eng, "update_weights"):  # VLLMEngineClient
+            folder = self.out_dir / f"v{version:07d}"
+            shutil.rmtree(folder, ignore_errors=True)
+            if self.mode == "adapter":
+                if not is_peft(model):
+                    raise TypeError("mode='adapter' needs a peft model")
+                model.save_pretrained(folder)
+                t1 = time.perf_counter()
+                eng.load_adapter(folder, version=version)
+            else:
+                from safetensors.torch import save_file
+
+                folder.mkdir(parents=True)
+                save_file(merged_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
+                t1 = time.perf_counter()
+                eng.update_weights(folder, version=version)
+            _prune(self.out_dir, self.keep_last)
+            t2 = time.perf_counter()
+            return {"version": version, "kind": self.mode, "save_s": t1 - t0, "push_s": t2 - t1,
+                    "total_s": t2 - t0}
+        # TransformersEngine-like: a model attribute and a policy_version counter
+        target = getattr(eng, "model", None)
+        shared = target is model or (is_peft(model) and target is model.get_base_model())
+        if target is not None and not shared:
+            target.load_state_dict(model.state_dict() if not isinstance(model, Mapping) else model)
+        eng.policy_version = version
+        return {"version": version, "kind": "shared" if shared else "copy",
+                "total_s": time.perf_counter() - t0}

@@ -1,0 +1,140 @@
+"""Credit assignment: rollouts -> one scalar weight per (rollout id, step index).
+
+An algorithm is a credit assigner plus a loss. The weight becomes the SAW
+item's ``weight`` (the advantage of that completion).
+
+    MonteCarloReturn(gamma)   G_t = r_t + gamma * G_{t+1}  (reward-to-go)
+    GroupNormalizedReturn     A = R - mean(R_group)  [/ std]   or leave-one-out (RLOO)
+    PerStepReward             w_t = r_t
+    EpisodicReturn            w_t = sum_t r_t for every step
+    ConstantCredit            w_t = c  (SFT / behaviour cloning)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from ludic.types import Rollout
+
+StepKey = tuple[str, int]
+
+
+class CreditAssigner(Protocol):
+    """Maps rollouts to per-step weights."""
+
+    def compute(self, rollouts: Sequence[Rollout]) -> dict[StepKey, float]: ...
+
+
+@dataclass(frozen=True)
+class MonteCarloReturn:
+    """Discounted reward-to-go, including the current step's reward."""
+
+    gamma: float = 1.0
+
+    def compute(self, rollouts: Sequence[Rollout]) -> dict[StepKey, float]:
+        out: dict[StepKey, float] = {}
+        for r in rollouts:
+            g = 0.0
+            for s in reversed(r.steps):
+                g = s.reward + self.gamma * g
+                out[(r.id, s.index)] = g
+        return out
+
+
+@dataclass(frozen=True)
+class PerStepReward:
+    """Each step is credited with its own reward."""
+
+    def compute(self, rollouts: Sequence[Rollout]) -> dict[StepKey, float]:
+        return {(r.id, s.index): s.reward for r in rollouts for s in r.steps}
+
+
+@dataclass(frozen=True)
+class EpisodicReturn:
+    """Every step gets the episode's total reward."""
+
+    def compute(self, rollouts: Sequence[Rollout]) -> dict[StepKey, float]:
+        return {(r.id, s.index): r.total_reward for r in rollouts for s in r.steps}
+
+
+@dataclass(frozen=True)
+class ConstantCredit:
+    """Every step gets the same weight (SFT is offline RL with weight 1)."""
+
+    value: float = 1.0
+
+    def compute(self, rollouts: Sequence[Rollout]) -> dict[StepKey, float]:
+        return {(r.id, s.index): self.value for r in rollouts for s in r.steps}
+
+
+def group_advantages(returns: Sequence[float], mode: str = "mean", eps: float = 1e-6) -> list[float]:
+    """Advantages within one group of returns.
+
+    mode: "mean" (R - mean), "mean_std" ((R - mean) / (std + eps), population std),
+    or "loo" (leave-one-out baseline: R_i - mean_{j != i} R_j, as in RLOO).
+    A group of one has advantage 0.
+    """
+    n = len(returns)
+    if n <= 1:
+        return [0.0] * n
+    mean = sum(returns) / n
+    if mode == "mean":
+        return [x - mean for x in returns]
+    if mode == "mean_std":
+        std = math.sqrt(sum((x - mean) ** 2 for x in returns) / n)
+        return [(x - mean) / (std + eps) for x in returns]
+    if mode == "loo":
+        total = sum(returns)
+        return [x - (total - x) / (n - 1) for x in returns]
+    raise ValueError(f"group advantage mode must be 'mean', 'mean_std' or 'loo', got {mode!r}")
+
+
+@dataclass(frozen=True)
+class GroupNormalizedReturn:
+    """GRPO / RLOO credit: compare each episode's return with its group's.
+
+    Groups are rollouts sharing ``meta["group_id"]`` and ``meta["agent_id"]``
+    (so in self-play each seat is normalised with itself). Groups may have
+    any size: a failed episode shrinks its group instead of breaking the batch.
+    Every step of a rollout gets the rollout's advantage.
+
+    Args:
+        mode: "mean", "mean_std" (GRPO's default scaling) or "loo" (RLOO).
+        positive_only: clamp advantages at 0 (train only on better-than-average episodes).
+    """
+
+    mode: str = "mean_std"
+    positive_only: bool = False
+    eps: float = 1e-6
+
+    def compute(self, rollouts: Sequence[Rollout]) -> dict[StepKey, float]:
+        groups: dict[tuple, list[Rollout]] = defaultdict(list)
+        for r in rollouts:
+            gid = r.meta.get("group_id")
+            key = (gid, r.meta.get("agent_id")) if gid is not None else ("__single__", r.id)
+            groups[key].append(r)
+        out: dict[StepKey, float] = {}
+        for members in groups.values():
+            advs = group_advantages([r.total_reward for r in members], self.mode, self.eps)
+            for r, a in zip(members, advs):
+                a = max(a, 0.0) if self.positive_only else a
+                for s in r.steps:
+                    out[(r.id, s.index)] = a
+        return out
+
+
+def make_credit(name: str, **kwargs) -> CreditAssigner:
+    """Build a credit assigner by name (for configs and the CLI)."""
+    table = {
+        "mc_return": MonteCarloReturn,
+        "group": GroupNormalizedReturn,
+        "per_step": PerStepReward,
+        "episodic": EpisodicReturn,
+        "constant": ConstantCredit,
+    }
+    if name not in table:
+        raise ValueError(f"unknown credit assigner {name!r}; choose from {sorted(table)}")
+    return table[name](**kwargs)

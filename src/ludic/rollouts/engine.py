@@ -1,0 +1,164 @@
+"""RolloutEngine: run many episodes concurrently and log them with their tokens.
+
+A request names an env (by registry kind + kwargs), a protocol (by key into
+the engine's protocol registry: a factory that builds a fresh agent/context
+per episode), seeds and a group. The engine builds env and protocol fresh for
+every episode, runs up to ``concurrency`` episodes at once (their model calls
+are batched by the inference engine), stamps rollout metadata and, if asked,
+appends every rollout to a JSONL log that keeps the token ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+from ludic.envs.registry import make_env
+from ludic.interaction.base import InteractionProtocol
+from ludic.types import Rollout, RolloutRequest, Step
+
+ProtocolFactory = Callable[[], InteractionProtocol]
+
+
+class RequestStrategy(Protocol):
+    """Expands a list of requests (e.g. into GRPO groups)."""
+
+    def expand(self, requests: Sequence[RolloutRequest]) -> list[RolloutRequest]: ...
+
+
+class IdentityStrategy:
+    """Leave requests as they are."""
+
+    def expand(self, requests: Sequence[RolloutRequest]) -> list[RolloutRequest]:
+        return list(requests)
+
+
+class GRPORequestStrategy:
+    """Each request becomes ``group_size`` copies: same env seed, distinct sampling seeds.
+
+    Copies share a fresh ``group_id`` so ``GroupNormalizedReturn`` compares
+    them with each other. Seeds come from a seeded RNG, so a run is reproducible.
+    """
+
+    def __init__(self, group_size: int, seed: int = 0) -> None:
+        if group_size < 1:
+            raise ValueError(f"GRPORequestStrategy: group_size must be >= 1, got {group_size}")
+        self.group_size = group_size
+        self.rng = random.Random(seed)
+
+    def expand(self, requests: Sequence[RolloutRequest]) -> list[RolloutRequest]:
+        out = []
+        for req in requests:
+            env_seed = req.env_seed if req.env_seed is not None else self.rng.getrandbits(31)
+            base = self.rng.getrandbits(31)
+            gid = req.group_id or uuid.UUID(int=self.rng.getrandbits(128)).hex
+            for i in range(self.group_size):
+                out.append(
+                    RolloutRequest(
+                        env=req.env, protocol=req.protocol, env_seed=env_seed,
+                        sampling_seed=base + i * 7919, group_id=gid,
+                        max_steps=req.max_steps, meta=req.meta,
+                    )
+                )
+        return out
+
+
+class RolloutEngine:
+    """Runs episodes concurrently.
+
+    Args:
+        protocols: ``{key: factory}``; each factory returns a fresh protocol
+            (with fresh agents and contexts) for one episode.
+        concurrency: episodes in flight at once.
+        jsonl_path: if set, every rollout is appended here (token ids included).
+    """
+
+    def __init__(
+        self,
+        protocols: dict[str, ProtocolFactory],
+        *,
+        concurrency: int = 32,
+        jsonl_path: str | Path | None = None,
+    ) -> None:
+        self.protocols = protocols
+        self.concurrency = concurrency
+        self.jsonl_path = Path(jsonl_path) if jsonl_path else None
+        self._episodes = 0
+
+    async def run_episode(self, req: RolloutRequest, episode_idx: int) -> list[Rollout]:
+        if req.protocol not in self.protocols:
+            raise KeyError(f"unknown protocol {req.protocol!r}; registered: {sorted(self.protocols)}")
+        env = make_env(req.env)
+        protocol = self.protocols[req.protocol]()
+        env_seed = req.env_seed if req.env_seed is not None else episode_idx
+        t0 = time.perf_counter()
+        rollouts = await protocol.run(
+            env, max_steps=req.max_steps, env_seed=env_seed, sampling_seed=req.sampling_seed
+        )
+        dt = time.perf_counter() - t0
+        for r in rollouts:
+            r.meta.update(
+                {
+                    "env_kind": req.env.kind, "env_kwargs": req.env.kwargs, "env_seed": env_seed,
+                    "sampling_seed": req.sampling_seed, "group_id": req.group_id,
+                    "episode_idx": episode_idx, "duration_s": dt, **req.meta,
+                }
+            )
+        return rollouts
+
+    async def generate_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
+        """Run every request; rollouts come back in request order (one or more per request)."""
+        sem = asyncio.Semaphore(self.concurrency)
+        start = self._episodes
+        self._episodes += len(requests)
+
+        async def one(i: int, req: RolloutRequest) -> list[Rollout]:
+            async with sem:
+                return await self.run_episode(req, start + i)
+
+        results = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+        rollouts = [r for rs in results for r in rs]
+        if self.jsonl_path is not None:
+            append_rollouts(self.jsonl_path, rollouts)
+        return rollouts
+
+
+def append_rollouts(path: Path, rollouts: Sequence[Rollout]) -> None:
+    """Append rollouts as JSON lines (one rollout per line, token traces included)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        for r in rollouts:
+            f.write(json.dumps(r.to_dict()) + "\n")
+
+
+def read_rollouts(path: str | Path) -> list[Rollout]:
+    """Read a rollout JSONL log; a bad line raises naming the file and line."""
+    out = []
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(Rollout.from_dict(json.loads(line)))
+            except Exception as e:
+                raise ValueError(f"{path}:{lineno}: not a valid rollout record ({type(e).__name__}: {e})") from e
+    return out
+
+
+def outcome_counts(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """Rates useful for any env: parse errors, truncation, failed requests, mean reward."""
+    steps: list[Step] = [s for r in rollouts for s in r.steps]
+    n_r, n_s = max(len(rollouts), 1), max(len(steps), 1)
+    return {
+        "reward_mean": sum(r.total_reward for r in rollouts) / n_r,
+        "parse_error_rate": sum(s.parse_error for s in steps) / n_s,
+        "truncated_rate": sum(bool(r.meta.get("truncation_reason")) for r in rollouts) / n_r,
+        "failed_rate": sum(bool(r.meta.get("failed")) for r in rollouts) / n_r,
+        "steps_per_episode": len(steps) / n_r,
+        "completion_tokens_mean": sum(len(s.trace.completion_ids) for s in steps if s.trace) / n_s,
+    }
