@@ -92,6 +92,36 @@ def resolve_model(name: str | None) -> str:
     return name
 
 
+def cpu_has_fast_bf16() -> bool:
+    """True when the CPU has native bf16 matmuls (AVX512-BF16 or AMX).
+
+    Measured on an AVX2-only EPYC: a 2048^2 bf16 matmul ran at 0.35 GFLOP/s
+    against 67 GFLOP/s in fp32, so without these flags bf16 is ~200x slower.
+    """
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def auto_dtype(device: str = "cpu") -> str:
+    """bf16 where it is fast (GPU, CPUs with AVX512-BF16/AMX), float32 otherwise."""
+    import torch
+
+    if device.startswith("cuda"):
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+    return "bfloat16" if cpu_has_fast_bf16() else "float32"
+
+
+def resolve_dtype(dtype: str, device: str = "cpu") -> str:
+    if dtype == "auto":
+        return auto_dtype(device)
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    return dtype
+
+
 def load_tokenizer(name: str | None) -> Any:
     from transformers import AutoTokenizer
 
@@ -101,13 +131,13 @@ def load_tokenizer(name: str | None) -> Any:
     return tok
 
 
-def load_model(name: str | None, dtype: str = "bfloat16", device: str = "cpu") -> Any:
-    """Load a causal LM (packaged default, local folder or hub id) in ``dtype``."""
+def load_model(name: str | None, dtype: str = "auto", device: str = "cpu") -> Any:
+    """Load a causal LM (packaged default, local folder or hub id) in ``dtype`` ("auto" picks)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        resolve_model(name), dtype=getattr(torch, dtype), attn_implementation="sdpa"
+        resolve_model(name), dtype=getattr(torch, resolve_dtype(dtype, device)), attn_implementation="sdpa"
     )
     return model.to(device)
 

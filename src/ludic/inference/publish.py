@@ -167,13 +167,14 @@ class _HTTPPublisher:
     def _post(self, url: str, path: str, **kw: Any) -> dict[str, Any]:
         import httpx
 
+        headers = {**self._headers(), **kw.pop("headers", {})}
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             t0 = time.perf_counter()
             try:
-                r = httpx.post(url + path, headers=self._headers(), timeout=self.timeout_s, **kw)
+                r = httpx.post(url + path, headers=headers, timeout=self.timeout_s, **kw)
             except httpx.TransportError as e:
                 last = f"{type(e).__name__}: {e}"
                 continue
@@ -312,7 +313,7 @@ class VLLMFullWeightsPublisher(_HTTPPublisher):
             if modes[url] == "path":
                 return {"json": {"path": str(folder), "version": int(version)}}
             return {"content": blob, "params": {"version": int(version)},
-                    "headers": {**self._headers(), "content-type": "application/octet-stream"}}
+                    "headers": {"content-type": "application/octet-stream"}}
 
         lock = threading.Lock()
 

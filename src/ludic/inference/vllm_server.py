@@ -436,6 +436,16 @@ def install_ludic(app: Any, args: Any, token: str | None) -> PolicyState:
                 await remove_adapter(previous)
         return {"version": state.version, "adapter": None}
 
+    async def full_weights_swapped(version: int, reopen: bool = True) -> None:
+        """New full weights are the whole policy: drop the adapter that sat on the old ones."""
+        state.base_version = state.version = state.last_version = version
+        previous, state.adapter = state.adapter, None
+        if reopen:
+            await state.gate.end_update()
+        if previous is not None:
+            state.retired.add(previous)
+            await remove_adapter(previous)
+
     async def reload_from(request: Request, folder: Path, data: dict[str, Any]):
         try:
             _check_weights_folder(folder, reference)
@@ -458,8 +468,7 @@ def install_ludic(app: Any, args: Any, token: str | None) -> PolicyState:
                 await state.gate.end_update(swapped=False)
                 logger.exception("reload_weights failed")
                 return fail(500, f"reload_weights failed (engine may be unusable): {e}")
-            state.base_version = state.version = state.last_version = version
-            await state.gate.end_update()
+            await full_weights_swapped(version)
             t2 = time.perf_counter()
         logger.info("policy -> full weights from %s (version %d, %.3fs)", folder, version, t2 - t0)
         return {"version": version, "drain_s": t1 - t0, "reload_s": t2 - t1,
@@ -551,7 +560,7 @@ def install_ludic(app: Any, args: Any, token: str | None) -> PolicyState:
             version = state.next_version(data.get("version"), True)
             await engine(request).finish_weight_update(str(version))
             await engine(request).reset_prefix_cache()
-            state.base_version = state.version = state.last_version = version
+            await full_weights_swapped(version, reopen=False)
         finally:
             if nccl["watchdog"] is not None:
                 nccl["watchdog"].cancel()

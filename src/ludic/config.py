@@ -1,0 +1,85 @@
+"""Flat dataclass configs -> argparse CLIs, and config dumps into run directories.
+
+Each command has one flat dataclass. Its fields become ``--kebab-case``
+flags; the string literal under a field (an attribute docstring) becomes the
+flag's help. Booleans get ``--flag`` / ``--no-flag``. Every run writes its
+resolved config as JSON into its run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import json
+import textwrap
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a dataclass (the string right after each field)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for a, b in zip(body, body[1:]):
+            if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name):
+                if isinstance(b, ast.Expr) and isinstance(getattr(b, "value", None), ast.Constant):
+                    if isinstance(b.value.value, str):
+                        docs[a.target.id] = " ".join(b.value.value.split())
+    return docs
+
+
+def _base_type(tp: Any) -> tuple[type, bool]:
+    """(scalar type, optional?) for int/float/str/bool and their ``| None`` forms."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0], True
+    return tp, False
+
+
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp, optional = _base_type(hints[f.name])
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        help_text = docs.get(f.name, "")
+        if tp is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+                                help=help_text)
+        elif tp in (int, float, str):
+            conv = tp
+            if optional:
+                conv = lambda s, _t=tp: None if s.lower() in ("none", "") else _t(s)  # noqa: E731
+            parser.add_argument(flag, dest=f.name, type=conv, default=default,
+                                help=f"{help_text} (default: {default})")
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name}: unsupported config type {hints[f.name]}")
+
+
+def dataclass_from_args(cls: type[T], ns: argparse.Namespace) -> T:
+    return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+
+
+def parse_config(cls: type[T], argv: list[str] | None = None, prog: str | None = None) -> T:
+    parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip().split("\n")[0])
+    add_dataclass_args(parser, cls)
+    return dataclass_from_args(cls, parser.parse_args(argv))
+
+
+def dump_config(cfg: Any, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))

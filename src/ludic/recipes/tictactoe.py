@@ -1,0 +1,324 @@
+"""Tic-tac-toe recipes: GRPO + LoRA training and evaluation, read top to bottom.
+
+    ludic train tictactoe   ->  train(TrainTicTacToeConfig)
+    ludic eval tictactoe    ->  evaluate(EvalTicTacToeConfig)
+
+The wiring is the spine: TicTacToeEnv -> Agent(engine, context, strict
+<think>/<move> parser) -> SingleAgentProtocol -> RolloutEngine with
+GRPORequestStrategy -> GroupNormalizedReturn -> loss -> Trainer -> publisher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ludic.agents.agent import Agent
+from ludic.config import dump_config
+from ludic.context import make_context
+from ludic.envs.tictactoe import TICTACTOE_RULES
+from ludic.inference.client import ChatClient, SamplingParams
+from ludic.inference.models import DEFAULT_MODEL
+from ludic.interaction import SingleAgentProtocol
+from ludic.parsers import think_move_parser
+from ludic.rollouts.batch import RolloutBatchSource
+from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
+from ludic.types import EnvSpec, Rollout, RolloutRequest
+
+FORMAT_INSTRUCTIONS = (
+    "First think briefly inside <think>...</think>. Then give your move as one tag, "
+    "for example <move>B2</move>, and nothing else."
+)
+SYSTEM_PROMPT = f"{TICTACTOE_RULES}\n{FORMAT_INSTRUCTIONS}"
+
+
+@dataclass
+class TrainTicTacToeConfig:
+    """Train a model to play tic-tac-toe with GRPO + LoRA."""
+
+    model: str = DEFAULT_MODEL
+    """Base model: hub id, local folder, or the packaged default."""
+    adapter: str | None = None
+    """Start from this LoRA adapter folder (e.g. an SFT cold start)."""
+    ctx: str = "full"
+    """Context strategy: full (FullDialog) or truncated (TruncatedThinkingContext)."""
+    algorithm: str = "grpo"
+    """grpo, dr_grpo, dapo, gspo, cispo, rloo, reinforce, reinforce_baseline."""
+    group_size: int = 8
+    """Episodes per GRPO group (same env seed, different sampling seeds)."""
+    rollouts_per_update: int = 16
+    """Episodes per optimizer step; must be divisible by group_size."""
+    concurrency: int = 32
+    """Episodes in flight at once (their model calls are batched)."""
+    train_steps: int = 30
+    """Optimizer steps."""
+    train_temperature: float = 1.0
+    max_completion_tokens: int = 48
+    """Token limit per model reply; a cut-off reply is a format failure."""
+    max_steps_per_episode: int = 5
+    opponent: str = "mixed"
+    """random, minimax or mixed (epsilon-random minimax)."""
+    epsilon: float = 0.3
+    """Random-move probability of the mixed opponent."""
+    agent_starts_as: str = "mixed"
+    """x, o, or mixed (50/50 per episode)."""
+    lr: float = 5e-5
+    max_grad_norm: float = 0.5
+    lora_rank: int = 8
+    lora_alpha_mult: float = 2.0
+    """LoRA alpha = rank * this."""
+    lora_dropout: float = 0.0
+    full_finetune: bool = False
+    """Train all weights instead of a LoRA adapter."""
+    kl_coef: float = 0.0
+    max_seq_len: int = 1024
+    micro_token_budget: int = 8192
+    gradient_checkpointing: bool = False
+    dtype: str = "auto"
+    eval_every: int = 0
+    """Evaluate every N steps (0: only at the end if eval_episodes > 0)."""
+    eval_episodes: int = 0
+    eval_temperature: float = 0.0
+    checkpoint_every: int = 10
+    max_to_keep: int = 2
+    final_save: bool = True
+    """Save a checkpoint at the end of training (in addition to periodic saves)."""
+    resume: bool = True
+    """Continue from the latest checkpoint in run_dir if there is one."""
+    run_dir: str | None = None
+    """Run directory (default: runs/tictactoe-<algorithm>-<time>)."""
+    logger: str = "rich"
+    """rich, wandb, tensorboard, none; combine with commas (rich,wandb)."""
+    inference: str = "transformers"
+    """transformers (in-process, shares weights) or vllm."""
+    host: str = "127.0.0.1"
+    port: int = 0
+    """vLLM server port (0: start a server for this run)."""
+    seed: int = 0
+
+
+def tictactoe_outcome(r: Rollout) -> str:
+    """win / draw / loss / illegal / parse_error / truncated / failed for one episode."""
+    if r.meta.get("failed"):
+        return "failed"
+    if not r.steps:
+        return "truncated"
+    last = r.steps[-1]
+    if "result" in last.info:
+        return str(last.info["result"])
+    if last.parse_error:
+        return "parse_error"
+    return "truncated"
+
+
+def tictactoe_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    n = max(len(rollouts), 1)
+    outcomes = [tictactoe_outcome(r) for r in rollouts]
+    moves = [s for r in rollouts for s in r.steps if s.parsed_action is not None]
+    out = {f"{k}_rate": outcomes.count(k) / n for k in ("win", "draw", "loss", "illegal", "parse_error", "truncated")}
+    out["non_loss_rate"] = (outcomes.count("win") + outcomes.count("draw")) / n
+    out["optimal_move_rate"] = sum(bool(s.info.get("optimal_move")) for s in moves) / max(len(moves), 1)
+    steps = [s for r in rollouts for s in r.steps]
+    out["legal_move_rate"] = sum(
+        1 for s in steps if s.parsed_action is not None and not s.info.get("illegal_move")
+    ) / max(len(steps), 1)
+    return out
+
+
+def make_protocol_factory(
+    client: ChatClient, ctx: str, temperature: float, max_tokens: int, model_name: str | None = None
+):
+    def factory() -> SingleAgentProtocol:
+        agent = Agent(
+            client, make_context(ctx, SYSTEM_PROMPT), think_move_parser(),
+            SamplingParams(temperature=temperature, max_tokens=max_tokens), model=model_name,
+        )
+        return SingleAgentProtocol(agent, stop_on_parse_error=True)
+
+    return factory
+
+
+def env_spec(opponent: str, epsilon: float, agent_starts: bool | None) -> EnvSpec:
+    return EnvSpec("tictactoe", {"opponent": opponent, "epsilon": epsilon, "agent_starts": agent_starts})
+
+
+def _starts(mode: str) -> bool | None:
+    if mode not in ("x", "o", "mixed"):
+        raise ValueError(f"agent_starts_as must be x, o or mixed, got {mode!r}")
+    return {"x": True, "o": False, "mixed": None}[mode]
+
+
+def eval_requests(episodes: int, opponent: str, epsilon: float = 0.0, seed_base: int = 1_000_000) -> list[RolloutRequest]:
+    """Half the episodes with the agent moving first, half second; fixed seeds."""
+    return [
+        RolloutRequest(env_spec(opponent, epsilon, i % 2 == 0), env_seed=seed_base + i,
+                       sampling_seed=seed_base + i, max_steps=5)
+        for i in range(episodes)
+    ]
+
+
+async def run_eval(engine: RolloutEngine, requests: list[RolloutRequest]) -> tuple[dict[str, float], list[Rollout]]:
+    rollouts = await engine.generate_rollouts(requests)
+    return tictactoe_metrics(rollouts), rollouts
+
+
+def default_run_dir(prefix: str) -> Path:
+    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
+    """Run GRPO training; returns the last step's metrics (plus final eval if configured)."""
+    return asyncio.run(_train(cfg))
+
+
+async def _train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
+    from ludic.inference.backends import make_inference
+    from ludic.training.algorithms import make_algorithm
+    from ludic.training.loggers import make_logger
+    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.trainer import Trainer, TrainerConfig
+
+    if cfg.rollouts_per_update % cfg.group_size:
+        raise ValueError(
+            f"rollouts_per_update ({cfg.rollouts_per_update}) must be divisible by group_size ({cfg.group_size})"
+        )
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(f"tictactoe-{cfg.algorithm}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir / "config.json")
+
+    lora = None if cfg.full_finetune else LoraSettings(
+        rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult, dropout=cfg.lora_dropout
+    )
+    model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    inference = await make_inference(cfg.inference, model, tok, cfg.model, run_dir, host=cfg.host, port=cfg.port)
+    try:
+        factory = make_protocol_factory(inference.client, cfg.ctx, cfg.train_temperature, cfg.max_completion_tokens)
+        engine = RolloutEngine({"single_agent": factory}, concurrency=cfg.concurrency,
+                               jsonl_path=run_dir / "rollouts.jsonl")
+        algo = make_algorithm(cfg.algorithm, kl_coef=cfg.kl_coef) if cfg.kl_coef else make_algorithm(cfg.algorithm)
+        starts = _starts(cfg.agent_starts_as)
+
+        def requests_fn() -> list[RolloutRequest]:
+            n = cfg.rollouts_per_update // cfg.group_size
+            return [RolloutRequest(env_spec(cfg.opponent, cfg.epsilon, starts), max_steps=cfg.max_steps_per_episode)
+                    for _ in range(n)]
+
+        source = RolloutBatchSource(
+            engine, requests_fn, algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
+            sample_filter=algo.sample_filter, metrics_fn=tictactoe_metrics,
+        )
+        tcfg = TrainerConfig(
+            lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, micro_token_budget=cfg.micro_token_budget,
+            max_seq_len=cfg.max_seq_len, max_completion_tokens=cfg.max_completion_tokens,
+            gradient_checkpointing=cfg.gradient_checkpointing, checkpoint_every=cfg.checkpoint_every,
+            max_to_keep=cfg.max_to_keep, total_steps=cfg.train_steps,
+        )
+        logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
+        trainer = Trainer(
+            model, algo, source, tcfg, publisher=inference.publisher, logger=logger,
+            checkpoint_dir=run_dir / "checkpoints", tokenizer=tok, pad_token_id=tok.pad_token_id,
+        )
+        if cfg.resume and trainer.resume():
+            print(f"[ludic] resumed from step {trainer.step} in {run_dir}")
+        eval_engine = RolloutEngine(
+            {"single_agent": make_protocol_factory(inference.client, cfg.ctx, cfg.eval_temperature,
+                                                   cfg.max_completion_tokens)},
+            concurrency=cfg.concurrency,
+        )
+        last: dict[str, Any] = {}
+
+        async def on_step(step: int, metrics: dict[str, Any]) -> None:
+            nonlocal last
+            last = dict(metrics)
+            if cfg.eval_every and cfg.eval_episodes and step % cfg.eval_every == 0 and step < cfg.train_steps:
+                ev, _ = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, "random"))
+                logger.log(step, {f"eval/{k}": v for k, v in ev.items()})
+
+        await trainer.train(cfg.train_steps, on_step)
+        if cfg.final_save:
+            trainer.save()
+        if cfg.eval_episodes:
+            for opp in ("random", "minimax"):
+                ev, rollouts = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, opp))
+                last.update({f"eval_{opp}/{k}": v for k, v in ev.items()})
+            logger.log(trainer.step, {k: v for k, v in last.items() if k.startswith("eval_")})
+        (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in last.items()
+                                                          if isinstance(v, (int, float))}, indent=2))
+        logger.close()
+        return last
+    finally:
+        await inference.close()
+
+
+@dataclass
+class EvalTicTacToeConfig:
+    """Evaluate a model (or LoRA adapter) at tic-tac-toe against a fixed opponent."""
+
+    model: str = DEFAULT_MODEL
+    """Base model, or the adapter name served by a vLLM server."""
+    adapter: str | None = None
+    """LoRA adapter folder (e.g. runs/.../checkpoints/step_000030/model)."""
+    episodes: int = 200
+    ctx: str = "full"
+    opponent: str = "random"
+    """random, minimax or mixed."""
+    epsilon: float = 0.3
+    temperature: float = 0.6
+    max_tokens: int = 48
+    concurrency: int = 64
+    out: str = "tictactoe_eval.jsonl"
+    """One JSON record per step."""
+    inference: str = "transformers"
+    """transformers or vllm."""
+    start_server: bool = False
+    """Start a vLLM server for this evaluation (with --inference vllm)."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    dtype: str = "auto"
+    seed: int = 0
+
+
+def evaluate(cfg: EvalTicTacToeConfig) -> dict[str, float]:
+    return asyncio.run(_evaluate(cfg))
+
+
+async def _evaluate(cfg: EvalTicTacToeConfig) -> dict[str, float]:
+    from ludic.inference.backends import make_eval_client
+
+    client, close = await make_eval_client(cfg)
+    try:
+        engine = RolloutEngine(
+            {"single_agent": make_protocol_factory(client, cfg.ctx, cfg.temperature, cfg.max_tokens,
+                                                   cfg.model if cfg.inference == "vllm" else None)},
+            concurrency=cfg.concurrency,
+        )
+        t0 = time.perf_counter()
+        metrics, rollouts = await run_eval(engine, eval_requests(cfg.episodes, cfg.opponent, cfg.epsilon))
+        metrics["episodes_per_s"] = len(rollouts) / (time.perf_counter() - t0)
+        n_tok = [len(s.trace.completion_ids) for r in rollouts for s in r.steps if s.trace]
+        metrics["avg_completion_tokens"] = sum(n_tok) / max(len(n_tok), 1)
+        write_step_records(cfg.out, rollouts)
+        return metrics
+    finally:
+        await close()
+
+
+def write_step_records(path: str | Path, rollouts: Sequence[Rollout]) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for r in rollouts:
+            outcome = tictactoe_outcome(r)
+            for s in r.steps:
+                rec = {
+                    "rollout_id": r.id, "env_seed": r.meta.get("env_seed"), "outcome": outcome,
+                    "step_index": s.index, "prev_obs": s.prev_obs, "action": s.action,
+                    "parsed_action": s.parsed_action, "reward": s.reward, "total_reward": r.total_reward,
+                    "terminated": s.terminated, "truncated": s.truncated,
+                    "completion_tokens": len(s.trace.completion_ids) if s.trace else 0,
+                    "info": {k: v for k, v in s.info.items() if isinstance(v, (str, int, float, bool, type(None)))},
+                }
+                f.write(json.dumps(rec) + "\n")

@@ -1,0 +1,161 @@
+"""Micro-batching under a token budget, and the forward pass that scores action tokens.
+
+The trainer splits an optimizer batch into micro-batches whose padded size
+(``longest sequence * count``) fits ``micro_token_budget``. For each
+micro-batch, ``score_actions`` runs the decoder once and applies the LM head
+only at positions that predict action (completion) tokens, in chunks: on a
+49k-token vocabulary most of the ``[B, T, V]`` logits a plain forward would
+build belong to prompt tokens that are never trained on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from ludic.types import SAWItem
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded tensors of one micro-batch plus the flattened action-token layout."""
+
+    input_ids: Tensor
+    """[B, T] long."""
+    attention_mask: Tensor
+    """[B, T] long."""
+    rows: Tensor
+    """[N] long: batch row of each action token."""
+    cols: Tensor
+    """[N] long: position (in the row) of the hidden state that predicts the token."""
+    targets: Tensor
+    """[N] long: the action token ids."""
+    seg: Tensor
+    """[N] long: segment (item) index in [0, B)."""
+    old_logp: Tensor | None
+    """[N] float sampler log-probs, or None when the items have none (offline data)."""
+    adv: Tensor
+    """[B] float: item weights."""
+    items: list[SAWItem]
+
+
+def truncate_item(item: SAWItem, max_seq_len: int) -> SAWItem | None:
+    """Cut completion tokens beyond ``max_seq_len``; None when the prompt alone does not fit."""
+    if item.num_tokens <= max_seq_len:
+        return item
+    keep = max_seq_len - len(item.prompt_ids)
+    if keep < 1:
+        return None
+    return SAWItem(
+        prompt_ids=item.prompt_ids,
+        completion_ids=item.completion_ids[:keep],
+        weight=item.weight,
+        logprobs=None if item.logprobs is None else item.logprobs[:keep],
+        policy_versions=None if item.policy_versions is None else item.policy_versions[:keep],
+        meta={**item.meta, "seq_len_truncated": True, "seq_len_original": item.num_tokens},
+    )
+
+
+def split_by_token_budget(items: Sequence[SAWItem], budget: int) -> list[list[SAWItem]]:
+    """Sort by length and pack greedily so that ``max_len * count <= budget`` per micro-batch."""
+    order = sorted(items, key=lambda it: it.num_tokens)
+    out: list[list[SAWItem]] = []
+    cur: list[SAWItem] = []
+    for it in order:
+        if cur and it.num_tokens * (len(cur) + 1) > budget:
+            out.append(cur)
+            cur = []
+        cur.append(it)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def collate(items: Sequence[SAWItem], pad_id: int, device: torch.device | str = "cpu") -> MicroBatch:
+    """Right-pad items into tensors and lay out their action tokens."""
+    B = len(items)
+    T = max(it.num_tokens for it in items)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    attn = torch.zeros((B, T), dtype=torch.long)
+    rows, cols, targets, seg, old = [], [], [], [], []
+    has_old = all(it.logprobs is not None for it in items)
+    if not has_old and any(it.logprobs is not None for it in items):
+        raise ValueError("a micro-batch mixes items with and without sampler log-probs")
+    for b, it in enumerate(items):
+        seq = list(it.prompt_ids) + list(it.completion_ids)
+        input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attn[b, : len(seq)] = 1
+        P, C = len(it.prompt_ids), len(it.completion_ids)
+        rows.extend([b] * C)
+        cols.extend(range(P - 1, P + C - 1))
+        targets.extend(it.completion_ids)
+        seg.extend([b] * C)
+        if has_old:
+            old.extend(it.logprobs)  # type: ignore[arg-type]
+    as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    return MicroBatch(
+        input_ids=input_ids.to(device), attention_mask=attn.to(device),
+        rows=as_long(rows), cols=as_long(cols), targets=as_long(targets), seg=as_long(seg),
+        old_logp=torch.tensor(old, dtype=torch.float32, device=device) if has_old else None,
+        adv=torch.tensor([it.weight for it in items], dtype=torch.float32, device=device),
+        items=list(items),
+    )
+
+
+def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
+    """The transformer body and LM head of an HF causal LM (peft-wrapped or not)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not hasattr(base, "get_decoder") or not hasattr(base, "get_output_embeddings"):
+        return None
+    if type(base).__name__.startswith("FSDP"):
+        return None  # FSDP2 root hooks must run: use the full forward
+    return base.get_decoder(), base.get_output_embeddings()
+
+
+def score_actions(
+    model: Any, mb: MicroBatch, *, need_entropy: bool = False, chunk: int = 1024
+) -> tuple[Tensor, Tensor | None]:
+    """Log-prob (and optionally entropy) of every action token under ``model``.
+
+    Returns:
+        logp: [N] float32, carries grad when grad is enabled.
+        entropy: [N] float32 or None.
+    """
+    parts = _decoder_and_head(model)
+    if parts is None:
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
+        sel = logits[mb.rows, mb.cols]
+        return _logp_entropy(sel, mb.targets, need_entropy)
+    decoder, head = parts
+    hidden = decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
+    h = hidden[mb.rows, mb.cols]  # [N, H]
+    logps, ents = [], []
+    for s in range(0, h.shape[0], chunk):
+        lp, ent = _logp_entropy(head(h[s : s + chunk]), mb.targets[s : s + chunk], need_entropy)
+        logps.append(lp)
+        if ent is not None:
+            ents.append(ent)
+    if not logps:
+        return h.new_zeros(0, dtype=torch.float32), (h.new_zeros(0, dtype=torch.float32) if need_entropy else None)
+    return torch.cat(logps), (torch.cat(ents) if need_entropy else None)
+
+
+def _logp_entropy(logits: Tensor, targets: Tensor, need_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    logsm = torch.log_softmax(logits.float(), dim=-1)
+    logp = logsm.gather(-1, targets[:, None])[:, 0]
+    ent = -(logsm.exp() * logsm).sum(-1) if need_entropy else None
+    return logp, ent
+
+
+@contextlib.contextmanager
+def adapters_disabled(model: Any):
+    """Run the base model of a peft model (the natural LoRA reference policy)."""
+    if hasattr(model, "disable_adapter"):
+        with model.disable_adapter():
+            yield model
+    else:
+        yield model

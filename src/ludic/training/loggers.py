@@ -1,0 +1,157 @@
+"""Metric sinks: JSONL in the run directory (always), rich console, wandb, TensorBoard.
+
+``make_logger("rich,wandb", run_dir, config)`` combines them; a sink that
+fails (wandb not installed, disk full) is reported once and dropped instead
+of killing the run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class MetricsLogger(Protocol):
+    def log(self, step: int, metrics: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _scalars(metrics: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, bool):
+            out[k] = float(v)
+        elif isinstance(v, (int, float)):
+            out[k] = float(v)
+        elif hasattr(v, "item") and getattr(v, "numel", lambda: 0)() == 1:
+            out[k] = float(v.item())
+    return out
+
+
+class JsonlLogger:
+    """One JSON object per logged step in ``<run_dir>/metrics.jsonl``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = self.path.open("a")
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        rec = {"step": step, "time": time.time(), **_scalars(metrics)}
+        rec = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
+        self._f.write(json.dumps(rec) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+KEY_METRICS = (
+    "loss", "reward_mean", "win_rate", "draw_rate", "loss_rate", "illegal_rate",
+    "parse_error_rate", "grad_norm", "lr", "step_s", "train_tokens_per_s", "episodes_per_s",
+)
+
+
+class RichLogger:
+    """A compact console line per step (rich when available and on a TTY)."""
+
+    def __init__(self, total_steps: int | None = None, keys: tuple[str, ...] = KEY_METRICS) -> None:
+        self.total = total_steps
+        self.keys = keys
+        try:
+            from rich.console import Console
+
+            self.console: Any = Console(stderr=False)
+        except ImportError:  # pragma: no cover
+            self.console = None
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        vals = _scalars(metrics)
+        shown = [f"{k}={vals[k]:.4g}" for k in self.keys if k in vals]
+        extra = [f"{k}={v:.4g}" for k, v in vals.items() if k.startswith("eval/")]
+        head = f"step {step}" + (f"/{self.total}" if self.total else "")
+        line = f"{head}  " + "  ".join(shown + extra)
+        if self.console is not None:
+            self.console.print(f"[bold cyan]{head}[/]  " + "  ".join(shown + extra), highlight=False)
+        else:
+            print(line, file=sys.stdout, flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class WandbLogger:
+    """Weights & Biases sink (set WANDB_MODE=offline to run without network)."""
+
+    def __init__(self, run_dir: Path, config: dict[str, Any], project: str | None = None, name: str | None = None):
+        import os
+
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(
+            project=project or os.environ.get("WANDB_PROJECT", "ludic"), name=name or run_dir.name,
+            dir=str(run_dir), config=config, reinit=True,
+        )
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        self.run.log(_scalars(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class TensorBoardLogger:
+    def __init__(self, run_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        for k, v in _scalars(metrics).items():
+            self.writer.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class MultiLogger:
+    """Fan out to several sinks; a failing sink is reported once and dropped."""
+
+    def __init__(self, loggers: list[Any]) -> None:
+        self.loggers = loggers
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        for lg in list(self.loggers):
+            try:
+                lg.log(step, metrics)
+            except Exception as e:
+                print(f"[ludic] logger {type(lg).__name__} failed and is disabled: {e}", file=sys.stderr)
+                self.loggers.remove(lg)
+
+    def close(self) -> None:
+        for lg in self.loggers:
+            try:
+                lg.close()
+            except Exception:
+                pass
+
+
+def make_logger(spec: str, run_dir: Path, config: dict[str, Any], total_steps: int | None = None) -> MultiLogger:
+    """``spec``: comma- or plus-separated from {rich, print, wandb, tensorboard, none}; JSONL is always on."""
+    loggers: list[Any] = [JsonlLogger(run_dir / "metrics.jsonl")]
+    for name in [s.strip() for s in spec.replace("+", ",").split(",") if s.strip()]:
+        if name in ("rich", "print"):
+            loggers.append(RichLogger(total_steps))
+        elif name == "wandb":
+            loggers.append(WandbLogger(run_dir, config))
+        elif name == "tensorboard":
+            loggers.append(TensorBoardLogger(run_dir))
+        elif name != "none":
+            raise ValueError(f"unknown logger {name!r}: use rich, print, wandb, tensorboard or none")
+    return MultiLogger(loggers)

@@ -1,0 +1,60 @@
+"""Policy model set-up: load, optionally wrap with LoRA (peft), optionally checkpoint activations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ludic.inference.models import load_model, load_tokenizer
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapter settings (peft)."""
+
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: str = "all-linear"
+    """Comma-separated module names, or "all-linear"."""
+
+
+def apply_lora(model: Any, lora: LoraSettings) -> Any:
+    from peft import LoraConfig, get_peft_model
+
+    targets: Any = lora.target_modules
+    if targets != "all-linear":
+        targets = [t.strip() for t in targets.split(",") if t.strip()]
+    cfg = LoraConfig(
+        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+        target_modules=targets, task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, cfg)
+
+
+def load_policy(
+    name: str | None,
+    *,
+    lora: LoraSettings | None = None,
+    adapter: str | None = None,
+    dtype: str = "auto",
+    device: str = "cpu",
+    seed: int = 0,
+) -> tuple[Any, Any]:
+    """(model, tokenizer) ready to train: LoRA-wrapped when ``lora`` is given.
+
+    ``adapter`` loads an existing LoRA adapter folder (trainable when ``lora`` is
+    set, frozen otherwise) on top of the base model.
+    """
+    torch.manual_seed(seed)
+    tok = load_tokenizer(name)
+    model = load_model(name, dtype=dtype, device=device)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter, is_trainable=lora is not None)
+    elif lora is not None:
+        model = apply_lora(model, lora)
+    return model, tok

@@ -1,0 +1,325 @@
+"""Trainer: the optimisation loop, and only that.
+
+One ``train_step``:
+    1. pull a SAWBatch from the batch source (sync rollouts, offline data or Redis);
+    2. drop items older than ``max_lag`` policy versions; cut items to ``max_seq_len``;
+    3. compute whole-batch normalisers (tokens, segments; all-reduced across ranks);
+    4. split into micro-batches under ``micro_token_budget``; for each, score the
+       action tokens, build ``LossInputs``, ``compute_loss``, ``backward``;
+       (micro-batch losses sum to the batch loss, so no rescaling is needed);
+    5. all-reduce gradients across ranks (plain data parallel; FSDP2 does its own);
+    6. clip, AdamW step, LR schedule; bump the policy version and publish weights;
+    7. checkpoint and log.
+
+Everything algorithm-specific lives in the ``Algorithm`` (credit + LossConfig),
+which the batch source and ``compute_loss`` consume.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import torch
+
+from ludic.rollouts.batch import BatchSource
+from ludic.training.algorithms import Algorithm
+from ludic.training.batching import (
+    adapters_disabled,
+    collate,
+    score_actions,
+    split_by_token_budget,
+    truncate_item,
+)
+from ludic.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ludic.training.losses import LossInputs, compute_loss
+from ludic.types import SAWItem
+
+# Stats from compute_loss that are this micro-batch's share of a batch total (summed);
+# every other stat is a per-token mean (averaged, weighted by tokens).
+_SUMMED = {"loss", "policy_loss", "kl_loss", "entropy_loss"}
+
+
+@dataclass
+class TrainerConfig:
+    """Optimisation settings (flat, serialisable, dumped into the run directory)."""
+
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = 1.0
+    lr_schedule: str = "constant"
+    """"constant", "linear" or "cosine" decay to 0 over ``total_steps`` (after warmup)."""
+    warmup_steps: int = 0
+    total_steps: int = 0
+    micro_token_budget: int = 8192
+    """Most padded tokens (longest sequence x rows) in one forward/backward."""
+    max_seq_len: int = 1024
+    """Longer items lose completion tokens beyond this length."""
+    max_completion_tokens: int | None = None
+    """Dr.GRPO constant normaliser (defaults to the longest completion in the batch)."""
+    gradient_checkpointing: bool = False
+    max_lag: int | None = None
+    """Drop items sampled more than this many policy versions ago (async pipelines)."""
+    publish_every: int = 1
+    """Publish weights to the inference engine every N optimizer steps."""
+    checkpoint_every: int = 0
+    """Save every N steps (0: only on request / final save)."""
+    max_to_keep: int = 2
+
+
+class Trainer:
+    """Optimises ``model`` on batches from ``batch_source`` with ``algorithm``'s loss.
+
+    Args:
+        model: HF causal LM (peft-wrapped for LoRA); trainable params are those with requires_grad.
+        algorithm: credit + loss (the batch source applies the credit).
+        batch_source: ``async next_batch() -> SAWBatch``.
+        config: TrainerConfig.
+        publisher: object with ``publish(model, version) -> dict`` (in-process engine, vLLM servers).
+        logger: metrics sink (``log(step, metrics)``).
+        checkpoint_dir: where checkpoints go (None disables them).
+        tokenizer: saved with checkpoints so they load as HF folders.
+        ref_model: frozen reference for a KL penalty with full fine-tuning (LoRA uses the base with adapters off).
+        pad_token_id: padding id for collation.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        algorithm: Algorithm,
+        batch_source: BatchSource,
+        config: TrainerConfig | None = None,
+        *,
+        publisher: Any | None = None,
+        logger: Any | None = None,
+        checkpoint_dir: str | Path | None = None,
+        tokenizer: Any | None = None,
+        ref_model: Any | None = None,
+        pad_token_id: int = 0,
+    ) -> None:
+        self.model = model
+        self.algorithm = algorithm
+        self.source = batch_source
+        self.cfg = config or TrainerConfig()
+        self.publisher = publisher
+        self.logger = logger
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.tokenizer = tokenizer
+        self.ref_model = ref_model
+        self.pad_token_id = pad_token_id
+        self.step = 0
+        self.policy_version = 0
+        self.device = next(model.parameters()).device
+        if self.cfg.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("Trainer: the model has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(
+            params, lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+
+    # -- schedule -----------------------------------------------------------
+    def _lr_factor(self, step: int) -> float:
+        c = self.cfg
+        if c.warmup_steps and step < c.warmup_steps:
+            return (step + 1) / c.warmup_steps
+        if c.lr_schedule == "constant" or not c.total_steps:
+            return 1.0
+        frac = min(1.0, (step - c.warmup_steps) / max(1, c.total_steps - c.warmup_steps))
+        if c.lr_schedule == "linear":
+            return 1.0 - frac
+        if c.lr_schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * frac))
+        raise ValueError(f"lr_schedule must be constant, linear or cosine, got {c.lr_schedule!r}")
+
+    # -- one optimizer step ---------------------------------------------------
+    async def train_step(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        batch = await self.source.next_batch()
+        t_data = time.perf_counter() - t0
+        items, dropped_stale = self._admit(batch.items)
+        metrics = self.optimize(items)
+        self.step += 1
+        self.policy_version += 1
+        if self.publisher is not None and self.step % self.cfg.publish_every == 0:
+            pub = self.publisher.publish(self.model, self.policy_version) or {}
+            metrics.update({f"publish_{k}": v for k, v in pub.items()})
+        if self.checkpoint_dir and self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
+            self.save()
+        metrics.update(
+            {k: v for k, v in batch.meta.items() if isinstance(v, (int, float, bool))}
+        )
+        metrics.update(
+            step_s=time.perf_counter() - t0, data_s=t_data, stale_dropped=dropped_stale,
+            policy_version=self.policy_version,
+        )
+        if self.logger is not None:
+            self.logger.log(self.step, metrics)
+        return metrics
+
+    def _admit(self, items: list[SAWItem]) -> tuple[list[SAWItem], int]:
+        kept, stale = [], 0
+        for it in items:
+            v = it.min_policy_version
+            if self.cfg.max_lag is not None and v is not None and self.policy_version - v > self.cfg.max_lag:
+                stale += 1
+                continue
+            cut = truncate_item(it, self.cfg.max_seq_len)
+            if cut is not None:
+                kept.append(cut)
+        return kept, stale
+
+    def optimize(self, items: list[SAWItem]) -> dict[str, Any]:
+        """Gradient step on ``items`` (synchronous); returns metrics."""
+        t0 = time.perf_counter()
+        self.model.train()
+        loss_cfg = self.algorithm.loss
+        totals = self._global_totals(items)
+        metrics: dict[str, Any] = {"num_items": len(items), "action_tokens": totals["tokens"]}
+        sums: dict[str, float] = {}
+        tok_weighted: dict[str, float] = {}
+        n_tok = 0
+        train_tokens = 0
+        for group in split_by_token_budget(items, self.cfg.micro_token_budget):
+            mb = collate(group, self.pad_token_id, self.device)
+            train_tokens += int(mb.attention_mask.sum())
+            logp, entropy = score_actions(self.model, mb, need_entropy=loss_cfg.needs_entropy)
+            ref_logp = self._ref_logp(mb) if loss_cfg.needs_ref_logp else None
+            old = mb.old_logp
+            if old is None and loss_cfg.needs_old_logp:
+                old = logp.detach()  # offline data: on-policy ratio of 1
+            inp = LossInputs(
+                logp=logp, adv=mb.adv, seg=mb.seg, total_tokens=totals["tokens"],
+                total_segments=totals["segments"], old_logp=old, ref_logp=ref_logp, entropy=entropy,
+                max_tokens=totals["max_tokens"], adv_mean=totals["adv_mean"], adv_std=totals["adv_std"],
+            )
+            loss, stats = compute_loss(inp, loss_cfg)
+            loss.backward()
+            n = int(mb.targets.numel())
+            n_tok += n
+            for k, v in stats.items():
+                val = float(v)
+                if k in _SUMMED:
+                    sums[k] = sums.get(k, 0.0) + val
+                elif k != "num_tokens":
+                    tok_weighted[k] = tok_weighted.get(k, 0.0) + val * n
+        self._all_reduce_grads()
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm) if items else torch.tensor(0.0)
+        if items:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        dt = time.perf_counter() - t0
+        metrics.update(sums)
+        metrics.update({k: v / max(n_tok, 1) for k, v in tok_weighted.items()})
+        metrics.update(
+            grad_norm=float(grad_norm), lr=lr, train_s=dt, train_tokens=train_tokens,
+            train_tokens_per_s=train_tokens / dt if dt > 0 else 0.0,
+        )
+        return metrics
+
+    def _global_totals(self, items: list[SAWItem]) -> dict[str, float]:
+        weights = [it.weight for it in items]
+        local = torch.tensor(
+            [
+                float(sum(len(it.completion_ids) for it in items)),
+                float(len(items)),
+                float(sum(weights)),
+                float(sum(w * w for w in weights)),
+            ],
+            dtype=torch.float64,
+        )
+        longest = float(max((len(it.completion_ids) for it in items), default=1))
+        if _distributed():
+            import torch.distributed as dist
+
+            dist.all_reduce(local)
+            m = torch.tensor([longest], dtype=torch.float64)
+            dist.all_reduce(m, op=dist.ReduceOp.MAX)
+            longest = float(m)
+        tokens, segs, s1, s2 = (float(x) for x in local)
+        mean = s1 / segs if segs else 0.0
+        var = max(s2 / segs - mean * mean, 0.0) if segs else 0.0
+        return {
+            "tokens": max(tokens, 1.0), "segments": max(segs, 1.0),
+            "max_tokens": float(self.cfg.max_completion_tokens or longest),
+            "adv_mean": mean, "adv_std": math.sqrt(var),
+        }
+
+    def _ref_logp(self, mb: Any) -> torch.Tensor:
+        with torch.no_grad():
+            if self.ref_model is not None:
+                return score_actions(self.ref_model, mb)[0]
+            if not hasattr(self.model, "disable_adapter"):
+                raise ValueError("a KL penalty needs ref_model= when the model is not a LoRA (peft) model")
+            with adapters_disabled(self.model):
+                return score_actions(self.model, mb)[0]
+
+    def _all_reduce_grads(self) -> None:
+        if not _distributed() or type(self.model).__name__.startswith("FSDP"):
+            return
+        import torch.distributed as dist
+
+        grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        dist.all_reduce(flat)
+        offset = 0
+        for g in grads:
+            n = g.numel()
+            g.copy_(flat[offset : offset + n].view_as(g).to(g.dtype))
+            offset += n
+
+    # -- loop, checkpoints --------------------------------------------------------
+    async def train(
+        self, num_steps: int, on_step: Callable[[int, dict[str, Any]], Awaitable[None] | None] | None = None
+    ) -> None:
+        """Run until ``self.step == num_steps`` (resumed runs continue from their step)."""
+        while self.step < num_steps:
+            metrics = await self.train_step()
+            if on_step is not None:
+                res = on_step(self.step, metrics)
+                if hasattr(res, "__await__"):
+                    await res  # type: ignore[misc]
+
+    def save(self) -> Path | None:
+        if self.checkpoint_dir is None or not _is_rank0():
+            return None
+        state = {"policy_version": self.policy_version, "algorithm": self.algorithm.name,
+                 "trainer_config": asdict(self.cfg)}
+        return save_checkpoint(
+            self.checkpoint_dir, self.step, model=self.model, optimizer=self.optimizer,
+            scheduler=self.scheduler, tokenizer=self.tokenizer, state=state, max_to_keep=self.cfg.max_to_keep,
+        )
+
+    def resume(self, path: str | Path | None = None) -> bool:
+        """Load ``path`` (or the latest checkpoint in ``checkpoint_dir``); True if one was loaded."""
+        if path is None:
+            if self.checkpoint_dir is None:
+                return False
+            path = latest_checkpoint(self.checkpoint_dir)
+            if path is None:
+                return False
+        state = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        self.step = int(state["step"])
+        self.policy_version = int(state.get("policy_version", self.step))
+        if self.publisher is not None:
+            self.publisher.publish(self.model, self.policy_version)
+        return True
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _is_rank0() -> bool:
+    return not _distributed() or torch.distributed.get_rank() == 0

