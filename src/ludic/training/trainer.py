@@ -144,7 +144,10 @@ class Trainer:
         batch = await self.source.next_batch()
         t_data = time.perf_counter() - t0
         items, dropped_stale = self._admit(batch.items)
-        metrics = self.optimize(items)
+        metrics: dict[str, Any] = {
+            k: v for k, v in batch.meta.items() if isinstance(v, (int, float, bool))
+        }
+        metrics.update(self.optimize(items))
         self.step += 1
         self.policy_version += 1
         if self.publisher is not None and self.step % self.cfg.publish_every == 0:
@@ -152,9 +155,6 @@ class Trainer:
             metrics.update({f"publish_{k}": v for k, v in pub.items()})
         if self.checkpoint_dir and self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
             self.save()
-        metrics.update(
-            {k: v for k, v in batch.meta.items() if isinstance(v, (int, float, bool))}
-        )
         metrics.update(
             step_s=time.perf_counter() - t0, data_s=t_data, stale_dropped=dropped_stale,
             policy_version=self.policy_version,

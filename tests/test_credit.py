@@ -1,0 +1,84 @@
+import pytest
+
+from ludic.rollouts.batch import build_saw_items, drop_zero_weight
+from ludic.rollouts.credit import (
+    ConstantCredit,
+    EpisodicReturn,
+    GroupNormalizedReturn,
+    MonteCarloReturn,
+    PerStepReward,
+    group_advantages,
+    make_credit,
+)
+from ludic.rollouts.engine import GRPORequestStrategy
+from ludic.types import EnvSpec, Rollout, RolloutRequest, Step, TokenTrace
+
+
+def _rollout(rewards, gid=None, agent="a", failed=False):
+    steps = [Step(i, "o", "a", "a", None, r, trace=TokenTrace((1,), (2, 3), (-1.0, -2.0), (0, 0)))
+             for i, r in enumerate(rewards)]
+    return Rollout(steps=steps, meta={"group_id": gid, "agent_id": agent, "failed": failed})
+
+
+def test_mc_return_by_hand():
+    r = _rollout([1.0, 0.0, 2.0])
+    w = MonteCarloReturn(gamma=0.5).compute([r])
+    # G2 = 2 ; G1 = 0 + 0.5*2 = 1 ; G0 = 1 + 0.5*1 = 1.5
+    assert [w[(r.id, i)] for i in range(3)] == [1.5, 1.0, 2.0]
+
+
+def test_per_step_episodic_constant():
+    r = _rollout([1.0, -0.5])
+    assert PerStepReward().compute([r]) == {(r.id, 0): 1.0, (r.id, 1): -0.5}
+    assert EpisodicReturn().compute([r]) == {(r.id, 0): 0.5, (r.id, 1): 0.5}
+    assert ConstantCredit(2.0).compute([r]) == {(r.id, 0): 2.0, (r.id, 1): 2.0}
+
+
+def test_group_advantages_by_hand():
+    # returns 1, 0, 0, 3: mean 1, population std sqrt((0+1+1+4)/4) = sqrt(1.5)
+    assert group_advantages([1, 0, 0, 3], "mean") == [0, -1, -1, 2]
+    std = 1.5 ** 0.5
+    assert group_advantages([1, 0, 0, 3], "mean_std", eps=0) == pytest.approx([0, -1 / std, -1 / std, 2 / std])
+    # leave-one-out: 1 - (0+0+3)/3 = 0 ; 0 - 4/3 ; 0 - 4/3 ; 3 - 1/3
+    assert group_advantages([1, 0, 0, 3], "loo") == pytest.approx([0, -4 / 3, -4 / 3, 8 / 3])
+    assert group_advantages([5.0], "mean_std") == [0.0]
+    assert group_advantages([2, 2, 2], "mean_std") == [0, 0, 0]
+    with pytest.raises(ValueError, match="'bad'"):
+        group_advantages([1, 2], "bad")
+
+
+def test_group_normalized_return_groups_by_id_and_seat():
+    a, b = _rollout([1.0, 0.0], "g1"), _rollout([0.0], "g1")
+    c, d = _rollout([1.0], "g1", agent="O"), _rollout([-1.0], "g1", agent="O")
+    solo = _rollout([3.0])
+    w = GroupNormalizedReturn("mean").compute([a, b, c, d, solo])
+    assert w[(a.id, 0)] == w[(a.id, 1)] == 0.5 and w[(b.id, 0)] == -0.5
+    assert w[(c.id, 0)] == 1.0 and w[(d.id, 0)] == -1.0
+    assert w[(solo.id, 0)] == 0.0
+    pos = GroupNormalizedReturn("mean", positive_only=True).compute([a, b])
+    assert pos[(b.id, 0)] == 0.0
+
+
+def test_build_saw_items_skips_failed_and_keeps_tokens():
+    ok, failed = _rollout([1.0], "g"), _rollout([0.0], "g", failed=True)
+    items = build_saw_items([ok, failed], MonteCarloReturn())
+    assert len(items) == 1
+    it = items[0]
+    assert it.prompt_ids == (1,) and it.completion_ids == (2, 3) and it.logprobs == (-1.0, -2.0)
+    assert it.weight == 1.0 and it.meta["rollout_id"] == ok.id
+    assert not drop_zero_weight(build_saw_items([_rollout([0.0])], MonteCarloReturn())[0])
+
+
+def test_grpo_strategy_shares_env_seed_and_varies_sampling_seed():
+    req = RolloutRequest(EnvSpec("tictactoe"), max_steps=3)
+    out = GRPORequestStrategy(4, seed=0).expand([req, req])
+    assert len(out) == 8
+    g1, g2 = out[:4], out[4:]
+    assert len({r.env_seed for r in g1}) == 1 and len({r.sampling_seed for r in g1}) == 4
+    assert len({r.group_id for r in g1}) == 1 and g1[0].group_id != g2[0].group_id
+    assert [r.env_seed for r in GRPORequestStrategy(4, seed=0).expand([req])] == [r.env_seed for r in g1]
+
+
+def test_make_credit_rejects_unknown():
+    with pytest.raises(ValueError, match="unknown credit assigner 'x'"):
+        make_credit("x")
