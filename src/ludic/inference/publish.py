@@ -419,7 +419,7 @@ class NCCLTransport:
             policy = httpx.get(self.url + "/ludic/policy", headers=self.headers, timeout=30).json()
             world = 1 + int(policy.get("world_size", 1))
             info = NCCLTrainerInitInfo(master_address=self.master_address,
-                                       master_port=self.master_port, world_size=world)
+                                       master_port=self.master_port, world_size=world, rank=0)
             source = _DictSource.make(sd, torch.device("cuda"))
             self.engine = NCCLTrainerWeightTransferEngine.trainer_init(info, client=self, source=source)
         self.engine.source = _DictSource.make(sd, torch.device("cuda"))

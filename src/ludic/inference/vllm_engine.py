@@ -148,7 +148,10 @@ class VLLMEngineClient:
         return self._call(swap, drain=False)
 
     def update_weights(self, path: str | os.PathLike, version: int | None = None) -> int:
-        """Reload full weights from a safetensors folder (drains running requests first)."""
+        """Reload full weights from a safetensors folder (drains running requests first).
+
+        The new weights are the whole policy: a LoRA adapter that was being served is dropped.
+        """
         if not any(Path(path).glob("*.safetensors")):
             raise FileNotFoundError(f"no *.safetensors in {path}")
         new_version = self.policy_version + 1 if version is None else int(version)
@@ -157,6 +160,9 @@ class VLLMEngineClient:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(Path(path).resolve())})
             self._engine.reset_prefix_cache()
             self.policy_version = new_version
+            old, self.adapter = self.adapter, None  # full weights are the whole policy
+            if old is not None:
+                self._retire(old)
             return new_version
 
         return self._call(reload, drain=True)

@@ -1,0 +1,18 @@
+# The two commands of the README. Each installs what it needs first (scripts/setup.sh, idempotent).
+PYTHON ?= python3
+
+.PHONY: setup train test test-fast
+
+setup:
+	PYTHON=$(PYTHON) bash scripts/setup.sh
+
+# Main job: the tic-tac-toe recipe on the packaged SmolLM2-135M-Instruct.
+train: setup
+	$(PYTHON) -m ludic train tictactoe $(ARGS)
+
+# Full suite: unit, end-to-end (tiny model) and integration (real vLLM server, Redis, pyspiel).
+test: setup
+	$(PYTHON) -m pytest -q -ra
+
+test-fast: setup
+	$(PYTHON) -m pytest -q -m "not integration and not slow"

@@ -1,0 +1,3 @@
+from ludic.cli import main
+
+main()
