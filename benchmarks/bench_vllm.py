@@ -128,6 +128,7 @@ def bench_server(model_dir: Path, ids: list[tuple[int, ...]], max_tokens: int, o
         with tempfile.TemporaryDirectory() as d:
             pub = VLLMAdapterPublisher([url], Path(d) / "adapters")
             runs = [pub.publish(pm, v) for v in (1, 2, 3)]
+            assert not any(r["errors"] for r in runs), [r["errors"] for r in runs]
             out["server_adapter_push"] = {
                 "total_s": med([r["total_s"] for r in runs]), "save_s": med([r["save_s"] for r in runs]),
                 "load_switch_s": med([r["push_s"] for r in runs])}
@@ -135,6 +136,7 @@ def bench_server(model_dir: Path, ids: list[tuple[int, ...]], max_tokens: int, o
                 fpub = VLLMFullWeightsPublisher([url], Path(d) / "full", transport=transport,
                                                 dtype=getattr(torch, dtype))
                 runs = [fpub.publish(pm, v) for v in versions]
+                assert not any(r["errors"] for r in runs), [r["errors"] for r in runs]
                 srv = [r["servers"][url] for r in runs]
                 out[f"server_full_push_{transport}"] = {
                     "total_s": med([r["total_s"] for r in runs]),

