@@ -84,6 +84,12 @@ def test_truncated_thinking_context():
 def test_make_context_names():
     assert isinstance(make_context("full"), FullDialog)
     assert isinstance(make_context("truncated"), TruncatedThinkingContext)
+    last = make_context("last", "sys")
+    last.reset()
+    for m in ("o1", "a1"):
+        last.add_observation(m) if m.startswith("o") else last.add_response(m)
+    last.add_observation("o2")
+    assert [m["content"] for m in last.messages()] == ["sys", "o2"]
     with pytest.raises(ValueError, match="unknown context 'x'"):
         make_context("x")
     ctx = make_context("full")

@@ -84,19 +84,36 @@ class TruncatedThinkingContext(ContextStrategy):
         return out
 
 
+class LastObservationContext(ContextStrategy):
+    """Only the system prompt and the latest observation (a Markov view).
+
+    For envs whose observation is the full state (a board), history adds
+    tokens but no information; this keeps every prompt short.
+    """
+
+    append_only = False
+
+    def messages(self) -> list[Message]:
+        system = [dict(m) for m in self.history[:1] if m["role"] == "system"]
+        users = [m for m in self.history if m["role"] == "user"]
+        return system + [dict(users[-1])] if users else system  # type: ignore[return-value]
+
+
+CONTEXTS = {"full": FullDialog, "truncated": TruncatedThinkingContext, "last": LastObservationContext}
+
+
 def make_context(name: str, system_prompt: str | None = None) -> ContextStrategy:
-    """``"full"`` -> FullDialog, ``"truncated"`` -> TruncatedThinkingContext."""
-    if name == "full":
-        return FullDialog(system_prompt)
-    if name == "truncated":
-        return TruncatedThinkingContext(system_prompt)
-    raise ValueError(f"unknown context {name!r}: expected 'full' or 'truncated'")
+    """``"full"`` -> FullDialog, ``"truncated"`` -> TruncatedThinkingContext, ``"last"`` -> LastObservationContext."""
+    if name not in CONTEXTS:
+        raise ValueError(f"unknown context {name!r}: expected one of {sorted(CONTEXTS)}")
+    return CONTEXTS[name](system_prompt)
 
 
 __all__ = [
     "ContextStrategy",
     "FullDialog",
     "TruncatedThinkingContext",
+    "LastObservationContext",
     "truncate_thinking",
     "make_context",
 ]

@@ -60,16 +60,27 @@ def truncate_item(item: SAWItem, max_seq_len: int) -> SAWItem | None:
     )
 
 
-def split_by_token_budget(items: Sequence[SAWItem], budget: int) -> list[list[SAWItem]]:
-    """Sort by length and pack greedily so that ``max_len * count <= budget`` per micro-batch."""
-    order = sorted(items, key=lambda it: it.num_tokens)
+def split_by_token_budget(
+    items: Sequence[SAWItem], budget: int, group_key: str | None = None
+) -> list[list[SAWItem]]:
+    """Sort by length and pack greedily so that ``max_len * count <= budget`` per micro-batch.
+
+    With ``group_key``, items sharing ``meta[group_key]`` (e.g. a DPO pair) stay
+    in one micro-batch. A unit larger than the budget gets a micro-batch of its own.
+    """
+    units: dict[Any, list[SAWItem]] = {}
+    for i, it in enumerate(items):
+        key = it.meta.get(group_key, ("__item__", i)) if group_key else i
+        units.setdefault(key, []).append(it)
+    order = sorted(units.values(), key=lambda u: max(it.num_tokens for it in u))
     out: list[list[SAWItem]] = []
     cur: list[SAWItem] = []
-    for it in order:
-        if cur and it.num_tokens * (len(cur) + 1) > budget:
+    for unit in order:
+        longest = max(it.num_tokens for it in unit)
+        if cur and longest * (len(cur) + len(unit)) > budget:
             out.append(cur)
             cur = []
-        cur.append(it)
+        cur.extend(unit)
     if cur:
         out.append(cur)
     return out

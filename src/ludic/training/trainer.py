@@ -28,6 +28,7 @@ import torch
 from ludic.rollouts.batch import BatchSource
 from ludic.training.algorithms import Algorithm
 from ludic.training.batching import (
+    MicroBatch,
     adapters_disabled,
     collate,
     score_actions,
@@ -37,6 +38,27 @@ from ludic.training.batching import (
 from ludic.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from ludic.training.losses import LossInputs, compute_loss
 from ludic.types import SAWItem
+
+Objective = Callable[[Any, MicroBatch, dict[str, float]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+
+def policy_gradient_objective(
+    trainer: "Trainer", mb: MicroBatch, totals: dict[str, float]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Score the action tokens and apply ``trainer.algorithm.loss`` (``compute_loss``)."""
+    loss_cfg = trainer.algorithm.loss
+    logp, entropy = score_actions(trainer.model, mb, need_entropy=loss_cfg.needs_entropy)
+    ref_logp = trainer.ref_logp(mb) if loss_cfg.needs_ref_logp else None
+    old = mb.old_logp
+    if old is None and loss_cfg.needs_old_logp:
+        old = logp.detach()  # offline data: on-policy ratio of 1
+    inp = LossInputs(
+        logp=logp, adv=mb.adv, seg=mb.seg, total_tokens=totals["tokens"], total_segments=totals["segments"],
+        old_logp=old, ref_logp=ref_logp, entropy=entropy, max_tokens=totals["max_tokens"],
+        adv_mean=totals["adv_mean"], adv_std=totals["adv_std"],
+    )
+    return compute_loss(inp, loss_cfg)
+
 
 # Stats from compute_loss that are this micro-batch's share of a batch total (summed);
 # every other stat is a per-token mean (averaged, weighted by tokens).
@@ -85,6 +107,9 @@ class Trainer:
         tokenizer: saved with checkpoints so they load as HF folders.
         ref_model: frozen reference for a KL penalty with full fine-tuning (LoRA uses the base with adapters off).
         pad_token_id: padding id for collation.
+        objective: per-micro-batch ``(trainer, micro_batch, totals) -> (loss, stats)``;
+            defaults to the policy-gradient objective of ``algorithm.loss`` (DPO supplies its own).
+        group_key: item meta key whose items must share a micro-batch (e.g. DPO pairs).
     """
 
     def __init__(
@@ -100,6 +125,8 @@ class Trainer:
         tokenizer: Any | None = None,
         ref_model: Any | None = None,
         pad_token_id: int = 0,
+        objective: Objective | None = None,
+        group_key: str | None = None,
     ) -> None:
         self.model = model
         self.algorithm = algorithm
@@ -111,6 +138,8 @@ class Trainer:
         self.tokenizer = tokenizer
         self.ref_model = ref_model
         self.pad_token_id = pad_token_id
+        self.objective = objective or policy_gradient_objective
+        self.group_key = group_key
         self.step = 0
         self.policy_version = 0
         self.device = next(model.parameters()).device
@@ -179,27 +208,16 @@ class Trainer:
         """Gradient step on ``items`` (synchronous); returns metrics."""
         t0 = time.perf_counter()
         self.model.train()
-        loss_cfg = self.algorithm.loss
         totals = self._global_totals(items)
         metrics: dict[str, Any] = {"num_items": len(items), "action_tokens": totals["tokens"]}
         sums: dict[str, float] = {}
         tok_weighted: dict[str, float] = {}
         n_tok = 0
         train_tokens = 0
-        for group in split_by_token_budget(items, self.cfg.micro_token_budget):
+        for group in split_by_token_budget(items, self.cfg.micro_token_budget, self.group_key):
             mb = collate(group, self.pad_token_id, self.device)
             train_tokens += int(mb.attention_mask.sum())
-            logp, entropy = score_actions(self.model, mb, need_entropy=loss_cfg.needs_entropy)
-            ref_logp = self._ref_logp(mb) if loss_cfg.needs_ref_logp else None
-            old = mb.old_logp
-            if old is None and loss_cfg.needs_old_logp:
-                old = logp.detach()  # offline data: on-policy ratio of 1
-            inp = LossInputs(
-                logp=logp, adv=mb.adv, seg=mb.seg, total_tokens=totals["tokens"],
-                total_segments=totals["segments"], old_logp=old, ref_logp=ref_logp, entropy=entropy,
-                max_tokens=totals["max_tokens"], adv_mean=totals["adv_mean"], adv_std=totals["adv_std"],
-            )
-            loss, stats = compute_loss(inp, loss_cfg)
+            loss, stats = self.objective(self, mb, totals)
             loss.backward()
             n = int(mb.targets.numel())
             n_tok += n
@@ -225,6 +243,10 @@ class Trainer:
             train_tokens_per_s=train_tokens / dt if dt > 0 else 0.0,
         )
         return metrics
+
+    def ref_logp(self, mb: Any) -> torch.Tensor:
+        """Reference-policy log-probs of the action tokens (frozen ``ref_model``, or the base with LoRA off)."""
+        return self._ref_logp(mb)
 
     def _global_totals(self, items: list[SAWItem]) -> dict[str, float]:
         weights = [it.weight for it in items]
@@ -296,6 +318,8 @@ class Trainer:
             return None
         state = {"policy_version": self.policy_version, "algorithm": self.algorithm.name,
                  "trainer_config": asdict(self.cfg)}
+        if hasattr(self.source, "state_dict"):
+            state["source_state"] = self.source.state_dict()
         return save_checkpoint(
             self.checkpoint_dir, self.step, model=self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, tokenizer=self.tokenizer, state=state, max_to_keep=self.cfg.max_to_keep,
@@ -312,6 +336,8 @@ class Trainer:
         state = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step = int(state["step"])
         self.policy_version = int(state.get("policy_version", self.step))
+        if "source_state" in state and hasattr(self.source, "load_state_dict"):
+            self.source.load_state_dict(state["source_state"])
         if self.publisher is not None:
             self.publisher.publish(self.model, self.policy_version)
         return True

@@ -1,0 +1,119 @@
+"""Supervised fine-tuning on JSONL data: ``ludic sft`` (also under ``torchrun``).
+
+    OfflineBatchSource(load_sft_items(data)) -> make_sft() (uniform NLL on completion tokens) -> Trainer
+
+Checkpoints are Hugging Face folders (full model, or a LoRA adapter) with the
+tokenizer; the final model is also written to ``<run_dir>/final``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ludic.inference.models import DEFAULT_MODEL
+
+
+@dataclass
+class SFTConfig:
+    """Supervised fine-tuning (uniform-weight NLL on completion tokens)."""
+
+    model: str = DEFAULT_MODEL
+    data: str = "data/tictactoe_sft_train_data.jsonl"
+    """One or more JSONL files, comma-separated."""
+    epochs: float = 1.0
+    batch_size: int = 4
+    """Examples per optimizer step per rank (effective batch = batch_size x world size)."""
+    micro_token_budget: int = 8192
+    max_seq_len: int = 1024
+    lr: float = 1e-4
+    lr_schedule: str = "cosine"
+    warmup_steps: int = 0
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    full_finetune: bool = True
+    """Train all weights (else a LoRA adapter with lora_rank / lora_alpha)."""
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    adapter: str | None = None
+    """Continue training this LoRA adapter."""
+    chat_template: bool = True
+    """Apply the chat template to prompt/completion records (messages records always use it)."""
+    max_steps: int = 0
+    """Stop after this many steps (0: epochs decide)."""
+    gradient_checkpointing: bool = False
+    dtype: str = "auto"
+    checkpoint_every: int = 0
+    final_save: bool = True
+    run_dir: str | None = None
+    logs_dir: str | None = None
+    """Also write the seed's text log (sft_training_logs_<time>.txt) here (default: the run dir)."""
+    logger: str = "rich"
+    log_every: int = 1
+    resume: bool = True
+    seed: int = 0
+
+
+def sft(cfg: SFTConfig) -> dict[str, Any]:
+    return asyncio.run(_sft(cfg))
+
+
+async def _sft(cfg: SFTConfig) -> dict[str, Any]:
+    from ludic.config import dump_config
+    from ludic.data.offline import OfflineBatchSource, load_sft_items
+    from ludic.data.text_logs import TextLogLogger
+    from ludic.recipes.tictactoe import default_run_dir
+    from ludic.training.algorithms import make_sft
+    from ludic.training.distributed import broadcast_object, init_distributed, shutdown_distributed
+    from ludic.training.loggers import MultiLogger, make_logger
+    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.trainer import Trainer, TrainerConfig
+
+    rank, world = init_distributed()
+    run_dir = Path(broadcast_object(str(cfg.run_dir or default_run_dir("sft"))))
+    lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
+    model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    items = load_sft_items([p.strip() for p in cfg.data.split(",") if p.strip()], tok, cfg.chat_template)
+    source = OfflineBatchSource(items, cfg.batch_size, seed=cfg.seed, rank=rank, world_size=world)
+    steps = math.ceil(cfg.epochs * len(items) / (cfg.batch_size * world))
+    if cfg.max_steps:
+        steps = min(steps, cfg.max_steps)
+    logger: Any = None
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, run_dir / "config.json")
+        logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=steps)
+        logger = MultiLogger(logger.loggers + [TextLogLogger(cfg.logs_dir or run_dir, "sft")])
+    tcfg = TrainerConfig(
+        lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, lr_schedule=cfg.lr_schedule,
+        warmup_steps=cfg.warmup_steps, total_steps=steps, micro_token_budget=cfg.micro_token_budget,
+        max_seq_len=cfg.max_seq_len, gradient_checkpointing=cfg.gradient_checkpointing,
+        checkpoint_every=cfg.checkpoint_every,
+    )
+    trainer = Trainer(model, make_sft(), source, tcfg, logger=None, checkpoint_dir=run_dir / "checkpoints",
+                      tokenizer=tok, pad_token_id=tok.pad_token_id)
+    if cfg.resume:
+        trainer.resume()
+    last: dict[str, Any] = {}
+
+    def on_step(step: int, metrics: dict[str, Any]) -> None:
+        nonlocal last
+        last = metrics
+        if logger is not None and (step % cfg.log_every == 0 or step == steps):
+            logger.log(step, {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "learning_rate": metrics["lr"],
+                              "num_tokens": metrics["train_tokens"], "epoch": step * cfg.batch_size * world / len(items),
+                              "train_tokens_per_s": metrics["train_tokens_per_s"], "step_s": metrics["step_s"]})
+
+    await trainer.train(steps, on_step)
+    if cfg.final_save and rank == 0:
+        trainer.save()
+        final = run_dir / "final"
+        model.save_pretrained(final)
+        tok.save_pretrained(final)
+    if logger is not None:
+        logger.close()
+    shutdown_distributed()
+    return {**last, "run_dir": str(run_dir), "steps": steps, "num_examples": len(items)}

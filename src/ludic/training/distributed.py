@@ -1,0 +1,42 @@
+"""Process-group set-up for ``torchrun``: gloo on CPU, NCCL on GPUs.
+
+Data parallelism in Ludic is plain: every rank computes gradients on its own
+shard with whole-batch normalisers, and the trainer all-reduces (sums) the
+gradients, which gives exactly the single-process full-batch gradient.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join the process group if launched by torchrun; returns (rank, world_size)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend=backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def shutdown_distributed() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def broadcast_object(obj):
+    """Rank 0's value on every rank (small JSON-like objects only)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return obj
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
