@@ -2,6 +2,9 @@
 
     ludic train tictactoe [flags]     GRPO + LoRA on tic-tac-toe
     ludic eval tictactoe [flags]      win / draw / loss / illegal / parse-error rates
+    ludic datagen tictactoe [flags]   SFT data: rejection sampling or the solver teacher
+    ludic datagen thinktactoe [flags] ThinkTacToe-format SFT / DPO / GRPO / minimax datasets
+    ludic sft [flags]                 supervised fine-tuning on JSONL (torchrun-ready)
     ludic model prepare               convert the packaged model once (cached)
 
 Run ``ludic <command> <target> --help`` for the flags of each command.
@@ -34,6 +37,25 @@ def _eval_tictactoe(argv: list[str]) -> None:
     print(f"records written to {cfg.out}")
 
 
+def _datagen_tictactoe(argv: list[str]) -> None:
+    from ludic.recipes.datagen import DatagenConfig, datagen
+
+    print(json.dumps(datagen(parse_config(DatagenConfig, argv, prog="ludic datagen tictactoe")), indent=2))
+
+
+def _datagen_thinktactoe(argv: list[str]) -> None:
+    from ludic.data.thinktactoe import main as thinktactoe_main
+
+    thinktactoe_main(argv)
+
+
+def _sft(argv: list[str]) -> None:
+    from ludic.recipes.sft import SFTConfig, sft
+
+    out = sft(parse_config(SFTConfig, argv, prog="ludic sft"))
+    print(json.dumps({k: v for k, v in out.items() if isinstance(v, (int, float, str))}, indent=2))
+
+
 def _model_prepare(argv: list[str]) -> None:
     from ludic.inference.models import make_tiny_model, packaged_model_dir, cache_dir
 
@@ -43,20 +65,25 @@ def _model_prepare(argv: list[str]) -> None:
     print(f"tiny test model ready: {tiny}")
 
 
-COMMANDS: dict[tuple[str, str], Callable[[list[str]], None]] = {
+COMMANDS: dict[tuple[str, ...], Callable[[list[str]], None]] = {
     ("train", "tictactoe"): _train_tictactoe,
     ("eval", "tictactoe"): _eval_tictactoe,
+    ("datagen", "tictactoe"): _datagen_tictactoe,
+    ("datagen", "thinktactoe"): _datagen_thinktactoe,
+    ("sft",): _sft,
     ("model", "prepare"): _model_prepare,
 }
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) < 2 or (argv[0], argv[1]) not in COMMANDS:
-        print(__doc__)
-        print("commands: " + ", ".join(" ".join(k) for k in COMMANDS))
-        raise SystemExit(0 if argv[:1] in (["-h"], ["--help"]) else 2)
-    COMMANDS[(argv[0], argv[1])](argv[2:])
+    for n in (2, 1):
+        if tuple(argv[:n]) in COMMANDS:
+            COMMANDS[tuple(argv[:n])](argv[n:])
+            return
+    print(__doc__)
+    print("commands: " + ", ".join(" ".join(k) for k in COMMANDS))
+    raise SystemExit(0 if argv[:1] in (["-h"], ["--help"]) else 2)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,8 @@ def test_parse_board_round_trip_and_leniency():
     b = board("XO.", "...", "..X")
     rows = board_block(b).split("\n")[1:4]
     # blank lines between the markers and a missing cell (stays empty) are tolerated
-    loose = "<|board_start|>\n\n" + rows[0] + "\n  \n" + rows[1] + "\n" + rows[2].replace("<|2-2|><|X|>", "") + "\n<|board_end|>"
+    last = rows[2].replace("<|2-2|><|X|>", "")
+    loose = "<|board_start|>\n\n" + rows[0] + "\n  \n" + rows[1] + "\n" + last + "\n<|board_end|>"
     assert parse_board_block(loose) == board("XO.", "...", "...")
     assert parse_board_block("no board here") is None
     assert parse_board_block("<|board_start|>\n" + rows[0] + "\n<|board_end|>") is None  # < 3 rows
@@ -330,6 +331,7 @@ def test_reader_reports_invalid_json_line(tmp_path):
 
 X_BOARD = board(".XX", "...", "OO.")  # X to move: 0-0 wins, 2-2 blocks
 O_BOARD = board("XX.", "OO.", "X..")  # O to move: 1-2 wins, 0-2 blocks
+O_AFTER_CORNER = board("X..", "...", "...")  # O to move, no tactics
 TWO_THREATS = board("XX.", "XO.", "..O")  # O to move; X threatens 0-2 and 2-0
 
 
@@ -339,7 +341,7 @@ TWO_THREATS = board("XX.", "XO.", "..O")  # O to move; X threatens 0-2 and 2-0
         (X_BOARD, 0, 1.0), (X_BOARD, 8, 0.8), (X_BOARD, 4, 0.6), (X_BOARD, 3, 0.2), (X_BOARD, 1, -1.0),
         (EMPTY_BOARD, 4, 0.6), (EMPTY_BOARD, 2, 0.4), (EMPTY_BOARD, 7, 0.2),
         (O_BOARD, 5, 1.0), (O_BOARD, 2, 0.8), (O_BOARD, 8, 0.4), (O_BOARD, 7, 0.2), (O_BOARD, 0, -1.0),
-        (board("X..", "...", "..."), 4, 0.6), (board("X..", "...", "..."), 6, 0.4), (board("X..", "...", "..."), 3, 0.2),
+        (O_AFTER_CORNER, 4, 0.6), (O_AFTER_CORNER, 6, 0.4), (O_AFTER_CORNER, 3, 0.2),
         (TWO_THREATS, 2, 0.8), (TWO_THREATS, 6, 0.8), (TWO_THREATS, 5, 0.2),
     ],
 )

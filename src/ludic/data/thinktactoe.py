@@ -1,29 +1,15 @@
-"""ThinkTacToe datasets: SFT / DPO / GRPO / minimax JSONL in the original project's text dialects.
+"""ThinkTacToe datasets (SFT / DPO / GRPO / minimax JSONL) in the original project's text dialects.
 
-Board block (cells ``<|r-c|><|V|>``, V in X, O, blank; row 0 = top)::
-
-    <|board_start|>
-    <|0-0|><|X|> <|0-1|><|blank|> <|0-2|><|blank|>
-    <|1-0|><|blank|> <|1-1|><|O|> <|1-2|><|blank|>
-    <|2-0|><|blank|> <|2-1|><|blank|> <|2-2|><|blank|>
-    <|board_end|>
-
-followed by the side to move, in one of two prompt styles:
-
-* ``"player"`` (legacy SFT/DPO): ``<|player|>X``
-* ``"minimax"``: ``<|turn|>bot`` + ``<|symbol|>X`` (turn is ``bot`` for X,
-  ``player`` for O, as in the original)
-
-then an optional thought ``<player_think>...</player_think>`` and the move
-``<|move|><|r-c|><|end|>``. Differences from the original generators: both
-sides to move appear (the side is derived from the piece counts and written
-in the prompt), labels come from the perfect solver in
-``ludic.envs.tictactoe`` (fastest win, slowest loss, seeded tie-break), and
-DPO ``rejected`` moves are strictly worse than ``chosen`` for the solver.
-
-``move_quality_reward(prompt, completion)`` is the documented GRPO reward
-(win 1.0, block 0.8, centre 0.6, corner 0.4, edge 0.2, invalid -1.0),
-judged for the side to move rather than always X.
+A prompt is a board block (one line per row of ``<|r-c|><|V|>`` cells, V in
+X, O, blank; row 0 = top) between ``<|board_start|>`` and ``<|board_end|>``,
+then the side to move: ``<|player|>X`` (style ``"player"``, legacy SFT/DPO) or
+``<|turn|>bot`` + ``<|symbol|>X`` (style ``"minimax"``; turn is ``bot`` for X,
+``player`` for O). An answer is an optional ``<player_think>...</player_think>``
+line and ``<|move|><|r-c|><|end|>``. Unlike the original generators, both sides
+to move appear, labels come from the perfect solver of ``ludic.envs.tictactoe``
+(fastest win, slowest loss, seeded tie-break), DPO ``rejected`` moves are
+strictly worse than ``chosen``, and ``move_quality_reward`` (win 1.0, block
+0.8, centre 0.6, corner 0.4, edge 0.2, invalid -1.0) judges the side to move.
 
 CLI: ``python -m ludic.data.thinktactoe --kind sft|dpo|grpo|minimax ...``.
 """
@@ -191,33 +177,23 @@ def move_quality_reward(prompt: str, completion: str) -> float:
 # ---------------------------------------------------------------- thoughts
 
 _TEMPLATES = {
-    "win": (
-        "I am {me} and {move} completes the {line}. That wins the game, so I take it.",
-        "Two of my marks already sit on the {line} and {move} is still free: playing there wins now.",
-        "First question: can I win this turn? Yes, {move} finishes the {line} for {me}.",
-        "The {line} needs one more {me}. {move} ends the game in my favour.",
-    ),
-    "block": (
-        "{opp} has two marks on the {line} and wins at {move} next turn unless I block it.",
-        "If I leave {move} open, {opp} completes the {line}. I have to take that cell.",
-        "Danger on the {line}: {opp} threatens {move}, so I put my {me} there.",
-        "Playing as {me}, my first duty here is defence: {move} stops {opp} on the {line}.",
-    ),
-    "centre": (
-        "The centre {move} lies on four lines; holding it gives {me} the most options.",
-        "I'll take the middle square {move}: it supports both diagonals, the middle row and the middle column.",
-        "As {me}, I want the centre. {move} is free and every plan of {opp} runs through it.",
-    ),
-    "corner": (
-        "Corner {move} sits on a row, a column and a diagonal, which is useful for {me}.",
-        "I'll take the corner at {move}; corners can set up two threats at once.",
-        "Playing as {me}, {move} is a solid corner that also limits what {opp} can build.",
-    ),
-    "edge": (
-        "The edge cell {move} lies on a row and a column; it is the right square in this position.",
-        "I'll play the side square {move}, which works with the lines through it.",
-        "As {me}, I choose {move}. An edge is modest in general, but here it keeps my position sound.",
-    ),
+    "win": ("I am {me} and {move} completes the {line}. That wins the game, so I take it.",
+            "Two of my marks already sit on the {line} and {move} is still free: playing there wins now.",
+            "First question: can I win this turn? Yes, {move} finishes the {line} for {me}.",
+            "The {line} needs one more {me}. {move} ends the game in my favour."),
+    "block": ("{opp} has two marks on the {line} and wins at {move} next turn unless I block it.",
+            "If I leave {move} open, {opp} completes the {line}. I have to take that cell.",
+            "Danger on the {line}: {opp} threatens {move}, so I put my {me} there.",
+            "Playing as {me}, my first duty here is defence: {move} stops {opp} on the {line}."),
+    "centre": ("The centre {move} lies on four lines; holding it gives {me} the most options.",
+            "I'll take the middle square {move}: it supports both diagonals, the middle row and the middle column.",
+            "As {me}, I want the centre. {move} is free and every plan of {opp} runs through it."),
+    "corner": ("Corner {move} sits on a row, a column and a diagonal, which is useful for {me}.",
+            "I'll take the corner at {move}; corners can set up two threats at once.",
+            "Playing as {me}, {move} is a solid corner that also limits what {opp} can build."),
+    "edge": ("The edge cell {move} lies on a row and a column; it is the right square in this position.",
+            "I'll play the side square {move}, which works with the lines through it.",
+            "As {me}, I choose {move}. An edge is modest in general, but here it keeps my position sound."),
 }
 
 
@@ -259,10 +235,6 @@ def worse_move(board: Board, chosen: int, rng: random.Random) -> int | None:
     return rng.choice(flips or worse) if worse else None
 
 
-def _has_worse_move(board: Board) -> bool:
-    return len(set(solve(board).values())) > 1
-
-
 def sample_positions(n: int, rng: random.Random, keep: Callable[[Board], bool] | None = None) -> list[Board]:
     """``n`` distinct non-terminal positions from random legal play of 0-8 plies.
 
@@ -276,17 +248,13 @@ def sample_positions(n: int, rng: random.Random, keep: Callable[[Board], bool] |
     out: list[Board] = []
     for _ in range(10_000 + 500 * n):
         if len(out) == n:
-            return out
+            break
         board = EMPTY_BOARD
         for _ in range(rng.randint(0, 8)):
-            if is_over(board):
-                break
-            board = play(board, rng.choice(legal_moves(board)))
-        if is_over(board) or board in seen:
-            continue
-        seen.add(board)
-        if keep is None or keep(board):
-            out.append(board)
+            board = board if is_over(board) else play(board, rng.choice(legal_moves(board)))
+        if not is_over(board) and board not in seen:
+            seen.add(board)
+            out += [board] if keep is None or keep(board) else []
     if len(out) == n:
         return out
     raise ValueError(f"found only {len(out)} of {n} distinct positions by random play; ask for fewer")
@@ -322,7 +290,7 @@ def make_dpo_records(n: int, think: str = "template", seed: int = 0, *, prompt_s
     _check_think(think)
     rng = random.Random(seed)
     out = []
-    for b in sample_positions(n, rng, keep=_has_worse_move):
+    for b in sample_positions(n, rng, keep=lambda b: len(set(solve(b).values())) > 1):
         chosen = solver_move(b, rng)
         rejected = worse_move(b, chosen, rng)
         assert rejected is not None and rejected != chosen
@@ -357,18 +325,19 @@ def make_minimax_records(seed: int = 0) -> list[dict]:
 # ---------------------------------------------------------------- readers
 
 
-def _position_problem(field: str, text: str) -> tuple[Board | None, str | None]:
+def _position_problem(field: str, text: str) -> tuple[Board, str | None]:
+    """(board, None) for a playable position with a consistent side line, else (_, message)."""
     board = parse_board_block(text)
     if board is None:
-        return None, f"field {field!r}: no board block with 3 rows of <|r-c|><|V|> cells"
+        return EMPTY_BOARD, f"field {field!r}: no board block with 3 rows of <|r-c|><|V|> cells"
     x, o = board.count("X"), board.count("O")
     if x - o not in (0, 1):
-        return None, f"field {field!r}: impossible board (X={x}, O={o})"
+        return board, f"field {field!r}: impossible board (X={x}, O={o})"
     if is_over(board):
-        return None, f"field {field!r}: the board is already finished"
+        return board, f"field {field!r}: the board is already finished"
     side = parse_side(text)
     if side is not None and side != to_move(board):
-        return None, f"field {field!r}: side line says {side} but {to_move(board)} is to move"
+        return board, f"field {field!r}: side line says {side} but {to_move(board)} is to move"
     return board, None
 
 
@@ -385,26 +354,25 @@ def _move_problem(field: str, text: str, board: Board) -> str | None:
 
 def _validate_text(record: dict) -> str | None:
     board, problem = _position_problem("text", record["text"])
-    if board is None:
-        return problem
-    return _move_problem("text", record["text"].split(BOARD_END, 1)[1], board)
+    return problem or _move_problem("text", record["text"].split(BOARD_END, 1)[1], board)
 
 
 def _validate_dpo(record: dict) -> str | None:
     board, problem = _position_problem("prompt", record["prompt"])
-    if board is None:
-        return problem
-    for field in ("chosen", "rejected"):
-        if problem := _move_problem(field, record[field], board):
-            return problem
-    if parse_move(record["chosen"]) == parse_move(record["rejected"]):
+    problem = problem or _move_problem("chosen", record["chosen"], board) \
+        or _move_problem("rejected", record["rejected"], board)
+    if problem is None and parse_move(record["chosen"]) == parse_move(record["rejected"]):
         return "field 'rejected': same move as 'chosen'"
-    return None
+    return problem
 
 
 def _validate_grpo(record: dict) -> str | None:
     board, problem = _position_problem("prompt", record["prompt"])
-    return problem if board is None else _move_problem("completion", record["completion"], board)
+    return problem or _move_problem("completion", record["completion"], board)
+
+
+def _validate_minimax(record: dict) -> str | None:
+    return "field 'text': missing <|symbol|> line" if "<|symbol|>" not in record["text"] else _validate_text(record)
 
 
 def read_sft(path: str | Path) -> list[dict]:
@@ -418,17 +386,13 @@ def read_dpo(path: str | Path) -> list[dict]:
 
 
 def read_grpo(path: str | Path) -> list[dict]:
-    """GRPO records ``{"prompt", "completion"}``; the completion must be a legal move."""
+    """GRPO records ``{"prompt", "completion"}``; the completion must hold a legal move."""
     return read_jsonl(path, {"prompt": str, "completion": str}, validate=_validate_grpo)
 
 
 def read_minimax(path: str | Path) -> list[dict]:
-    """Minimax records ``{"text"}`` (needs the ``<|symbol|>`` line and a legal move)."""
-    def validate(record: dict) -> str | None:
-        if "<|symbol|>" not in record["text"]:
-            return "field 'text': missing <|symbol|> line"
-        return _validate_text(record)
-    return read_jsonl(path, {"text": str}, validate=validate)
+    """Minimax records ``{"text"}`` (the ``<|symbol|>`` line is required)."""
+    return read_jsonl(path, {"text": str}, validate=_validate_minimax)
 
 
 # ---------------------------------------------------------------- CLI
@@ -460,14 +424,10 @@ def main(argv: list[str] | None = None) -> None:
     n = args.n if args.n is not None else {"dpo": 1000}.get(args.kind, 2000)
     style = args.prompt_style or ("minimax" if args.kind == "grpo" else "player")
     try:
-        if args.kind == "sft":
-            records = make_sft_records(n, args.think, args.seed, prompt_style=style)
-        elif args.kind == "dpo":
-            records = make_dpo_records(n, args.think, args.seed, prompt_style=style)
-        elif args.kind == "grpo":
-            records = make_grpo_records(n, args.seed, prompt_style=style)
-        else:
-            records = make_minimax_records(args.seed)
+        records = (make_sft_records(n, args.think, args.seed, prompt_style=style) if args.kind == "sft" else
+                   make_dpo_records(n, args.think, args.seed, prompt_style=style) if args.kind == "dpo" else
+                   make_grpo_records(n, args.seed, prompt_style=style) if args.kind == "grpo" else
+                   make_minimax_records(args.seed))
     except ValueError as e:
         p.error(str(e))
     path = write_jsonl(args.output or default_output(args.kind, args.think), records)

@@ -114,8 +114,22 @@ def coord(index: int) -> str:
     return f"{ROWS[index // 3]}{index % 3 + 1}"
 
 
-def render_board(board: Board) -> str:
-    """Three rows of marks; free cells show their name in brackets, e.g. ``[A2]``."""
+def render_board(board: Board, compact: bool = False) -> str:
+    """Three rows of marks; free cells show their name in brackets, e.g. ``[A2]``.
+
+    ``compact=True`` gives a grid with row/column labels and ``.`` for free
+    cells (about a third of the tokens)::
+
+          1 2 3
+        A X . O
+        B . X .
+        C . . .
+    """
+    if compact:
+        rows = ["  1 2 3"]
+        for r in range(3):
+            rows.append(ROWS[r] + " " + " ".join("." if c == EMPTY else c for c in board[r * 3 : r * 3 + 3]))
+        return "\n".join(rows)
     rows = []
     for r in range(3):
         cells = [
@@ -259,11 +273,13 @@ def result_for(board: Board, mark: str) -> str | None:
     return "draw" if is_full(board) else None
 
 
-def format_observation(board: Board, mark: str, note: str | None, status: str | None) -> str:
+def format_observation(
+    board: Board, mark: str, note: str | None, status: str | None, compact: bool = False
+) -> str:
     """Observation text for ``mark``: optional note line, the board, then either
     the available moves and "Your move." (``status`` None) or ``status``."""
     lines = [note] if note else []
-    lines += ["Board:", render_board(board)]
+    lines += ["Board:", render_board(board, compact)]
     if status is None:
         lines.append("Available moves: " + ", ".join(coord(m) for m in legal_moves(board)))
         lines.append(f"You are {mark}. Your move.")
@@ -318,6 +334,7 @@ class TicTacToeEnv(SingleAgentEnv):
         epsilon: random-move probability of the ``"mixed"`` bot.
         win_reward, draw_reward, loss_reward, illegal_reward: terminal rewards.
         show_opponent_move: start observations with "Opponent (O) played B2."
+        compact: render the board as a small labelled grid (fewer prompt tokens).
         agent_id: the agent's role name.
     """
 
@@ -332,9 +349,11 @@ class TicTacToeEnv(SingleAgentEnv):
         loss_reward: float = 0.0,
         illegal_reward: float = -1.0,
         show_opponent_move: bool = True,
+        compact: bool = False,
         agent_id: str = "agent_0",
     ) -> None:
         super().__init__(agent_id)
+        self.compact = compact
         self.agent_starts = agent_starts
         if isinstance(opponent, str):
             self.opponent_name, self._opponent = opponent, make_opponent(opponent, epsilon)
@@ -362,7 +381,7 @@ class TicTacToeEnv(SingleAgentEnv):
         note = None
         if reply is not None and self.show_opponent_move:
             note = f"Opponent ({other(self.mark)}) played {coord(reply)}."
-        return format_observation(self.board, self.mark, note, status)
+        return format_observation(self.board, self.mark, note, status, self.compact)
 
     def env_reset(self, seed: int | None = None) -> tuple[str, JSON]:
         self._rng = random.Random(seed)
@@ -387,7 +406,7 @@ class TicTacToeEnv(SingleAgentEnv):
         if move is None:
             info["result"] = "illegal"
             note, status = _illegal_note(action), _STATUS["illegal"]
-            obs = format_observation(self.board, self.mark, note, status)
+            obs = format_observation(self.board, self.mark, note, status, self.compact)
             return StepOutcome(obs, self.rewards("illegal"), terminated=True, info=info)
         self._board = play(self.board, move)
         reply, result = None, result_for(self.board, self.mark)
@@ -422,8 +441,10 @@ class TicTacToeGame(LudicEnv):
         draw_reward: float = 0.5,
         loss_reward: float = 0.0,
         illegal_reward: float = -1.0,
+        compact: bool = False,
     ) -> None:
         self.rewards = Rewards(win_reward, draw_reward, loss_reward, illegal_reward)
+        self.compact = compact
         self.board: Board = EMPTY_BOARD
         self._last: int | None = None
         self._illegal: tuple[str, str] | None = None  # (mark, raw action)
@@ -466,7 +487,7 @@ class TicTacToeGame(LudicEnv):
             status = _STATUS[result]
         else:
             status = None if to_move(self.board) == agent_id else f"Waiting for {other(agent_id)}."
-        return format_observation(self.board, agent_id, note, status)
+        return format_observation(self.board, agent_id, note, status, self.compact)
 
     def reset(self, seed: int | None = None) -> dict[str, tuple[str, JSON]]:
         """Start from the empty board (the game is deterministic; ``seed`` is unused)."""

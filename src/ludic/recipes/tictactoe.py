@@ -20,7 +20,6 @@ from typing import Any, Sequence
 from ludic.agents.agent import Agent
 from ludic.config import dump_config
 from ludic.context import make_context
-from ludic.envs.tictactoe import TICTACTOE_RULES
 from ludic.inference.client import ChatClient, SamplingParams
 from ludic.inference.models import DEFAULT_MODEL
 from ludic.interaction import SingleAgentProtocol
@@ -29,11 +28,12 @@ from ludic.rollouts.batch import RolloutBatchSource
 from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
 from ludic.types import EnvSpec, Rollout, RolloutRequest
 
-FORMAT_INSTRUCTIONS = (
-    "First think briefly inside <think>...</think>. Then give your move as one tag, "
-    "for example <move>B2</move>, and nothing else."
+SYSTEM_PROMPT = (
+    "You play tic-tac-toe. Rows are A-C (top to bottom), columns 1-3 (left to right). "
+    "Three in a row wins; naming an occupied cell loses. "
+    "Think briefly inside <think>...</think>, then answer with one move such as <move>B2</move>."
 )
-SYSTEM_PROMPT = f"{TICTACTOE_RULES}\n{FORMAT_INSTRUCTIONS}"
+"""Short on purpose: every prompt token is paid for at every turn (TICTACTOE_RULES is the long form)."""
 
 
 @dataclass
@@ -66,6 +66,8 @@ class TrainTicTacToeConfig:
     """Random-move probability of the mixed opponent."""
     agent_starts_as: str = "mixed"
     """x, o, or mixed (50/50 per episode)."""
+    compact: bool = False
+    """Compact board rendering (about a third fewer prompt tokens)."""
     lr: float = 5e-5
     max_grad_norm: float = 0.5
     lora_rank: int = 8
@@ -142,8 +144,9 @@ def make_protocol_factory(
     return factory
 
 
-def env_spec(opponent: str, epsilon: float, agent_starts: bool | None) -> EnvSpec:
-    return EnvSpec("tictactoe", {"opponent": opponent, "epsilon": epsilon, "agent_starts": agent_starts})
+def env_spec(opponent: str, epsilon: float, agent_starts: bool | None, compact: bool = False) -> EnvSpec:
+    return EnvSpec("tictactoe", {"opponent": opponent, "epsilon": epsilon, "agent_starts": agent_starts,
+                                 "compact": compact})
 
 
 def _starts(mode: str) -> bool | None:
@@ -152,10 +155,12 @@ def _starts(mode: str) -> bool | None:
     return {"x": True, "o": False, "mixed": None}[mode]
 
 
-def eval_requests(episodes: int, opponent: str, epsilon: float = 0.0, seed_base: int = 1_000_000) -> list[RolloutRequest]:
+def eval_requests(
+    episodes: int, opponent: str, epsilon: float = 0.0, compact: bool = False, seed_base: int = 1_000_000
+) -> list[RolloutRequest]:
     """Half the episodes with the agent moving first, half second; fixed seeds."""
     return [
-        RolloutRequest(env_spec(opponent, epsilon, i % 2 == 0), env_seed=seed_base + i,
+        RolloutRequest(env_spec(opponent, epsilon, i % 2 == 0, compact), env_seed=seed_base + i,
                        sampling_seed=seed_base + i, max_steps=5)
         for i in range(episodes)
     ]
@@ -204,7 +209,8 @@ async def _train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
 
         def requests_fn() -> list[RolloutRequest]:
             n = cfg.rollouts_per_update // cfg.group_size
-            return [RolloutRequest(env_spec(cfg.opponent, cfg.epsilon, starts), max_steps=cfg.max_steps_per_episode)
+            return [RolloutRequest(env_spec(cfg.opponent, cfg.epsilon, starts, cfg.compact),
+                                   max_steps=cfg.max_steps_per_episode)
                     for _ in range(n)]
 
         source = RolloutBatchSource(
@@ -235,7 +241,7 @@ async def _train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
             nonlocal last
             last = dict(metrics)
             if cfg.eval_every and cfg.eval_episodes and step % cfg.eval_every == 0 and step < cfg.train_steps:
-                ev, _ = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, "random"))
+                ev, _ = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, "random", compact=cfg.compact))
                 logger.log(step, {f"eval/{k}": v for k, v in ev.items()})
 
         await trainer.train(cfg.train_steps, on_step)
@@ -243,7 +249,7 @@ async def _train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
             trainer.save()
         if cfg.eval_episodes:
             for opp in ("random", "minimax"):
-                ev, rollouts = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, opp))
+                ev, rollouts = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, opp, compact=cfg.compact))
                 last.update({f"eval_{opp}/{k}": v for k, v in ev.items()})
             logger.log(trainer.step, {k: v for k, v in last.items() if k.startswith("eval_")})
         (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in last.items()
@@ -267,6 +273,8 @@ class EvalTicTacToeConfig:
     opponent: str = "random"
     """random, minimax or mixed."""
     epsilon: float = 0.3
+    compact: bool = False
+    """Compact board rendering (use what the model was trained on)."""
     temperature: float = 0.6
     max_tokens: int = 48
     concurrency: int = 64
@@ -297,7 +305,7 @@ async def _evaluate(cfg: EvalTicTacToeConfig) -> dict[str, float]:
             concurrency=cfg.concurrency,
         )
         t0 = time.perf_counter()
-        metrics, rollouts = await run_eval(engine, eval_requests(cfg.episodes, cfg.opponent, cfg.epsilon))
+        metrics, rollouts = await run_eval(engine, eval_requests(cfg.episodes, cfg.opponent, cfg.epsilon, cfg.compact))
         metrics["episodes_per_s"] = len(rollouts) / (time.perf_counter() - t0)
         n_tok = [len(s.trace.completion_ids) for r in rollouts for s in r.steps if s.trace]
         metrics["avg_completion_tokens"] = sum(n_tok) / max(len(n_tok), 1)

@@ -1,0 +1,181 @@
+"""Synthetic SFT data for multi-turn games: rejection sampling and a solver teacher.
+
+Both routes produce chat SFT records, one per agent turn::
+
+    {"messages": [system, user(obs 1), assistant(reply 1), ..., user(obs t)],
+     "completion": "<think>...</think><move>B2</move>", "meta": {...}}
+
+``messages`` is the prompt exactly as the agent's context showed it (earlier
+assistant turns rewritten to ``<think>[TRUNCATED]</think>answer`` unless
+``transform=False``), and ``completion`` is the reply kept intact.
+
+- ``rejection_sample``: roll out a model with ``FullDialog``, keep episodes
+  that pass a filter (wins; or wins and draws), convert their steps.
+- ``teacher_episodes``: moves come from the perfect solver with templated
+  thoughts, so a cold start exists before any model can play.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable, Iterable, Sequence
+
+from ludic.context import truncate_thinking
+from ludic.envs import tictactoe as ttt
+from ludic.types import JSON, Message, Rollout
+
+RolloutFilter = Callable[[Rollout], bool]
+
+
+def keep_results(*results: str) -> RolloutFilter:
+    """Keep episodes whose last step's ``info["result"]`` is one of ``results``."""
+
+    def keep(r: Rollout) -> bool:
+        return bool(r.steps) and not r.meta.get("failed") and r.steps[-1].info.get("result") in results
+
+    return keep
+
+
+def filter_rollouts(rollouts: Iterable[Rollout], keep: RolloutFilter) -> list[Rollout]:
+    """Rejection sampling's filter step (generic over envs)."""
+    return [r for r in rollouts if keep(r)]
+
+
+def _context_view(history: Sequence[Message], ctx: str, transform: bool, placeholder: str) -> list[Message]:
+    if ctx == "last":
+        system = [dict(m) for m in history[:1] if m["role"] == "system"]
+        return system + [dict(history[-1])]  # type: ignore[list-item]
+    out: list[Message] = []
+    for m in history:
+        if m["role"] == "assistant" and transform:
+            out.append({"role": "assistant", "content": truncate_thinking(m["content"], placeholder)})
+        else:
+            out.append(dict(m))  # type: ignore[arg-type]
+    return out
+
+
+def episode_records(
+    system_prompt: str,
+    turns: Sequence[tuple[str, str]],
+    *,
+    ctx: str = "full",
+    transform: bool = True,
+    placeholder: str = "[TRUNCATED]",
+    meta: JSON | None = None,
+) -> list[JSON]:
+    """SFT records for one episode given its (observation, reply) turns."""
+    history: list[Message] = [{"role": "system", "content": system_prompt}]
+    records = []
+    for i, (obs, reply) in enumerate(turns):
+        history.append({"role": "user", "content": obs})
+        view = _context_view(history, ctx, transform, placeholder)
+        records.append({"messages": view, "completion": reply, "meta": {**(meta or {}), "turn": i}})
+        history.append({"role": "assistant", "content": reply})
+    return records
+
+
+def rollouts_to_records(
+    rollouts: Iterable[Rollout], system_prompt: str, *, ctx: str = "full", transform: bool = True,
+    placeholder: str = "[TRUNCATED]",
+) -> list[JSON]:
+    """Convert kept rollouts (parse-failure steps included, as the agent saw them) to SFT records."""
+    out = []
+    for r in rollouts:
+        turns = [(s.prev_obs, s.action) for s in r.steps]
+        meta = {"rollout_id": r.id, "env_seed": r.meta.get("env_seed"), "total_reward": r.total_reward}
+        out.extend(episode_records(system_prompt, turns, ctx=ctx, transform=transform,
+                                   placeholder=placeholder, meta=meta))
+    return out
+
+
+# --------------------------------------------------------------- tic-tac-toe teacher
+
+_THOUGHTS = {
+    "win": ("{c} completes my line.", "I win at {c}.", "Three in a row with {c}."),
+    "block": ("{o} threatens {c}; block it.", "Block {c}.", "I must stop {o} at {c}."),
+    "fork": ("{c} makes two threats.", "Fork at {c}.", "{c} creates a double threat."),
+    "centre": ("Take the centre.", "The centre is strongest.", "B2 controls the board."),
+    "other": ("{c} is the best move.", "{c} keeps me safe.", "I play {c}."),
+}
+
+
+def _threats(board: ttt.Board, mark: str) -> int:
+    """Number of lines where ``mark`` has two and the third cell is empty."""
+    return sum(
+        1 for line in ttt.LINES
+        if [board[i] for i in line].count(mark) == 2 and [board[i] for i in line].count(ttt.EMPTY) == 1
+    )
+
+
+def move_kind(board: ttt.Board, move: int) -> str:
+    """win / block / fork / centre / other, for the player to move."""
+    me = ttt.to_move(board)
+    after = ttt.play(board, move)
+    if ttt.winner(after) == me:
+        return "win"
+    opp_board = board[:move] + (ttt.other(me),) + board[move + 1:]
+    if ttt.winner(opp_board) == ttt.other(me):
+        return "block"
+    if _threats(after, me) >= 2:
+        return "fork"
+    return "centre" if move == 4 else "other"
+
+
+def teacher_reply(board: ttt.Board, rng: random.Random, thoughts: bool = True) -> str:
+    """The solver's move (fastest win, slowest loss; ties broken by ``rng``) with a templated thought."""
+    move = rng.choice(ttt.best_moves(board))
+    c = ttt.coord(move)
+    answer = f"<move>{c}</move>"
+    if not thoughts:
+        return answer
+    me = ttt.to_move(board)
+    template = rng.choice(_THOUGHTS[move_kind(board, move)])
+    return f"<think>{template.format(c=c, o=ttt.other(me))}</think>{answer}"
+
+
+def teacher_episodes(
+    episodes: int,
+    *,
+    opponents: Sequence[tuple[str, float]] = (("random", 0.0), ("mixed", 0.3), ("minimax", 0.0)),
+    seed: int = 0,
+    compact: bool = False,
+    thoughts: bool = True,
+) -> list[tuple[list[tuple[str, str]], JSON]]:
+    """Play ``episodes`` solver-vs-bot games (both seats, cycling over ``opponents``).
+
+    Returns ``(turns, meta)`` per episode, turns being (observation, reply) pairs.
+    """
+    rng = random.Random(seed)
+    out = []
+    for i in range(episodes):
+        name, eps = opponents[i % len(opponents)]
+        env = ttt.TicTacToeEnv(agent_starts=(i // len(opponents)) % 2 == 0, opponent=name, epsilon=eps,
+                               compact=compact)
+        obs, _ = env.reset(seed=rng.getrandbits(31))[env.agent_id]
+        turns, result = [], None
+        while env.active_agents:
+            reply = teacher_reply(env.board, rng, thoughts)
+            turns.append((obs, reply))
+            out_step = env.step({env.agent_id: reply.split("<move>")[1].split("</move>")[0]})[env.agent_id]
+            obs, result = out_step.obs, out_step.info.get("result")
+        out.append((turns, {"opponent": name, "result": result, "agent_mark": env.mark, "source": "teacher"}))
+    return out
+
+
+def teacher_records(
+    episodes: int,
+    system_prompt: str,
+    *,
+    ctx: str = "full",
+    transform: bool = True,
+    keep: Sequence[str] = ("win", "draw"),
+    seed: int = 0,
+    compact: bool = False,
+    thoughts: bool = True,
+) -> list[JSON]:
+    """SFT records from solver-played episodes whose result is in ``keep``."""
+    records = []
+    for turns, meta in teacher_episodes(episodes, seed=seed, compact=compact, thoughts=thoughts):
+        if meta["result"] in keep:
+            records.extend(episode_records(system_prompt, turns, ctx=ctx, transform=transform, meta=meta))
+    return records
