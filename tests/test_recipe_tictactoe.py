@@ -46,3 +46,18 @@ def test_cli_help_and_unknown_command():
     assert ok.returncode == 0 and "--opponent" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "ludic", "fly", "away"], capture_output=True, text=True)
     assert bad.returncode == 2 and "commands:" in bad.stdout
+
+
+def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path):
+    from ludic.recipes.tictactoe_recipe import RecipeConfig, recipe
+
+    run = tmp_path / "recipe"
+    report = recipe(RecipeConfig(model=str(tiny_model_dir), run_dir=str(run), teacher_episodes=6, sft_steps=2,
+                                 sft_batch_size=4, grpo_steps=1, group_size=2, rollouts_per_update=4,
+                                 eval_episodes=2, max_completion_tokens=6, logger="none"))
+    assert set(report["results"]) == {f"{s}/{o}" for s in ("base", "sft", "grpo") for o in ("random", "minimax")}
+    assert set(report["seconds"]) >= {"datagen", "sft", "grpo", "eval_base", "eval_sft", "eval_grpo"}
+    for name in ("report.md", "report.json", "learning_curve.png", "sft/metrics.jsonl", "grpo/metrics.jsonl"):
+        assert (run / name).exists(), name
+    assert "| grpo | minimax |" in (run / "report.md").read_text()
+    assert (run / "sft" / "final" / "config.json").exists()

@@ -5,6 +5,7 @@
     ludic datagen tictactoe [flags]   SFT data: rejection sampling or the solver teacher
     ludic datagen thinktactoe [flags] ThinkTacToe-format SFT / DPO / GRPO / minimax datasets
     ludic sft [flags]                 supervised fine-tuning on JSONL (torchrun-ready)
+    ludic recipe tictactoe [flags]    teacher data -> SFT -> GRPO -> eval, with a report
     ludic model prepare               convert the packaged model once (cached)
 
 Run ``ludic <command> <target> --help`` for the flags of each command.
@@ -56,6 +57,13 @@ def _sft(argv: list[str]) -> None:
     print(json.dumps({k: v for k, v in out.items() if isinstance(v, (int, float, str))}, indent=2))
 
 
+def _recipe_tictactoe(argv: list[str]) -> None:
+    from ludic.recipes.tictactoe_recipe import RecipeConfig, recipe
+
+    report = recipe(parse_config(RecipeConfig, argv, prog="ludic recipe tictactoe"))
+    print(json.dumps({"results": report["results"], "seconds": report["seconds"]}, indent=2))
+
+
 def _model_prepare(argv: list[str]) -> None:
     from ludic.inference.models import make_tiny_model, packaged_model_dir, cache_dir
 
@@ -71,6 +79,7 @@ COMMANDS: dict[tuple[str, ...], Callable[[list[str]], None]] = {
     ("datagen", "tictactoe"): _datagen_tictactoe,
     ("datagen", "thinktactoe"): _datagen_thinktactoe,
     ("sft",): _sft,
+    ("recipe", "tictactoe"): _recipe_tictactoe,
     ("model", "prepare"): _model_prepare,
 }
 

@@ -123,11 +123,11 @@ def merged_state_dict(model: Any, dtype: torch.dtype | None = torch.bfloat16) ->
         if getattr(cfg, "tie_word_embeddings", False):
             sd.pop("lm_head.weight", None)
     out = {}
-    for k, v in sd.items():
+    for k, v in sd.items():  # no defensive copy: callers serialise before the next optimizer step
         v = v.detach()
         if dtype is not None and v.is_floating_point():
             v = v.to(dtype)
-        out[k] = v.contiguous().cpu().clone()
+        out[k] = v.contiguous().cpu()
     return out
 
 

@@ -63,21 +63,18 @@ def sft(cfg: SFTConfig) -> dict[str, Any]:
 
 async def _sft(cfg: SFTConfig) -> dict[str, Any]:
     from ludic.config import dump_config
-    from ludic.data.offline import OfflineBatchSource, load_sft_items
+    from ludic.data.offline import load_sft_items
     from ludic.data.text_logs import TextLogLogger
     from ludic.recipes.tictactoe import default_run_dir
-    from ludic.training.algorithms import make_sft
     from ludic.training.distributed import broadcast_object, init_distributed, shutdown_distributed
     from ludic.training.loggers import MultiLogger, make_logger
     from ludic.training.lora import LoraSettings, load_policy
-    from ludic.training.trainer import Trainer, TrainerConfig
 
     rank, world = init_distributed()
     run_dir = Path(broadcast_object(str(cfg.run_dir or default_run_dir("sft"))))
     lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
     model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
     items = load_sft_items([p.strip() for p in cfg.data.split(",") if p.strip()], tok, cfg.chat_template)
-    source = OfflineBatchSource(items, cfg.batch_size, seed=cfg.seed, rank=rank, world_size=world)
     steps = math.ceil(cfg.epochs * len(items) / (cfg.batch_size * world))
     if cfg.max_steps:
         steps = min(steps, cfg.max_steps)
@@ -87,6 +84,24 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
         dump_config(cfg, run_dir / "config.json")
         logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=steps)
         logger = MultiLogger(logger.loggers + [TextLogLogger(cfg.logs_dir or run_dir, "sft")])
+    last = await sft_stage(cfg, model, tok, items, run_dir, logger, steps)
+    if logger is not None:
+        logger.close()
+    shutdown_distributed()
+    return {**last, "run_dir": str(run_dir), "steps": steps, "num_examples": len(items)}
+
+
+async def sft_stage(
+    cfg: SFTConfig, model: Any, tok: Any, items: list, run_dir: Path, logger: Any, steps: int
+) -> dict[str, Any]:
+    """Run ``steps`` SFT optimizer steps on ``items`` (sharded over ranks); save to ``run_dir/final``."""
+    from ludic.data.offline import OfflineBatchSource
+    from ludic.training.algorithms import make_sft
+    from ludic.training.distributed import init_distributed
+    from ludic.training.trainer import Trainer, TrainerConfig
+
+    rank, world = init_distributed()
+    source = OfflineBatchSource(items, cfg.batch_size, seed=cfg.seed, rank=rank, world_size=world)
     tcfg = TrainerConfig(
         lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, lr_schedule=cfg.lr_schedule,
         warmup_steps=cfg.warmup_steps, total_steps=steps, micro_token_budget=cfg.micro_token_budget,
@@ -113,7 +128,4 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
         final = run_dir / "final"
         model.save_pretrained(final)
         tok.save_pretrained(final)
-    if logger is not None:
-        logger.close()
-    shutdown_distributed()
-    return {**last, "run_dir": str(run_dir), "steps": steps, "num_examples": len(items)}
+    return last

@@ -182,10 +182,8 @@ def train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
 
 async def _train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
     from ludic.inference.backends import make_inference
-    from ludic.training.algorithms import make_algorithm
     from ludic.training.loggers import make_logger
     from ludic.training.lora import LoraSettings, load_policy
-    from ludic.training.trainer import Trainer, TrainerConfig
 
     if cfg.rollouts_per_update % cfg.group_size:
         raise ValueError(
@@ -194,70 +192,83 @@ async def _train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(f"tictactoe-{cfg.algorithm}")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
-
     lora = None if cfg.full_finetune else LoraSettings(
         rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult, dropout=cfg.lora_dropout
     )
     model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
     inference = await make_inference(cfg.inference, model, tok, cfg.model, run_dir, host=cfg.host, port=cfg.port)
+    logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
     try:
-        factory = make_protocol_factory(inference.client, cfg.ctx, cfg.train_temperature, cfg.max_completion_tokens)
-        engine = RolloutEngine({"single_agent": factory}, concurrency=cfg.concurrency,
-                               jsonl_path=run_dir / "rollouts.jsonl")
-        algo = make_algorithm(cfg.algorithm, kl_coef=cfg.kl_coef) if cfg.kl_coef else make_algorithm(cfg.algorithm)
-        starts = _starts(cfg.agent_starts_as)
-
-        def requests_fn() -> list[RolloutRequest]:
-            n = cfg.rollouts_per_update // cfg.group_size
-            return [RolloutRequest(env_spec(cfg.opponent, cfg.epsilon, starts, cfg.compact),
-                                   max_steps=cfg.max_steps_per_episode)
-                    for _ in range(n)]
-
-        source = RolloutBatchSource(
-            engine, requests_fn, algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
-            sample_filter=algo.sample_filter, metrics_fn=tictactoe_metrics,
-        )
-        tcfg = TrainerConfig(
-            lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, micro_token_budget=cfg.micro_token_budget,
-            max_seq_len=cfg.max_seq_len, max_completion_tokens=cfg.max_completion_tokens,
-            gradient_checkpointing=cfg.gradient_checkpointing, checkpoint_every=cfg.checkpoint_every,
-            max_to_keep=cfg.max_to_keep, total_steps=cfg.train_steps,
-        )
-        logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
-        trainer = Trainer(
-            model, algo, source, tcfg, publisher=inference.publisher, logger=logger,
-            checkpoint_dir=run_dir / "checkpoints", tokenizer=tok, pad_token_id=tok.pad_token_id,
-        )
-        if cfg.resume and trainer.resume():
-            print(f"[ludic] resumed from step {trainer.step} in {run_dir}")
-        eval_engine = RolloutEngine(
-            {"single_agent": make_protocol_factory(inference.client, cfg.ctx, cfg.eval_temperature,
-                                                   cfg.max_completion_tokens)},
-            concurrency=cfg.concurrency,
-        )
-        last: dict[str, Any] = {}
-
-        async def on_step(step: int, metrics: dict[str, Any]) -> None:
-            nonlocal last
-            last = dict(metrics)
-            if cfg.eval_every and cfg.eval_episodes and step % cfg.eval_every == 0 and step < cfg.train_steps:
-                ev, _ = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, "random", compact=cfg.compact))
-                logger.log(step, {f"eval/{k}": v for k, v in ev.items()})
-
-        await trainer.train(cfg.train_steps, on_step)
-        if cfg.final_save:
-            trainer.save()
-        if cfg.eval_episodes:
-            for opp in ("random", "minimax"):
-                ev, rollouts = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, opp, compact=cfg.compact))
-                last.update({f"eval_{opp}/{k}": v for k, v in ev.items()})
-            logger.log(trainer.step, {k: v for k, v in last.items() if k.startswith("eval_")})
-        (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in last.items()
-                                                          if isinstance(v, (int, float))}, indent=2))
-        logger.close()
-        return last
+        return await grpo_stage(cfg, model, tok, inference, run_dir, logger)
     finally:
+        logger.close()
         await inference.close()
+
+
+async def grpo_stage(
+    cfg: TrainTicTacToeConfig, model: Any, tok: Any, inference: Any, run_dir: Path, logger: Any
+) -> dict[str, Any]:
+    """GRPO on an already loaded (LoRA-wrapped) model with a ready inference backend.
+
+    Returns the last step's metrics, plus ``eval_random/*`` and ``eval_minimax/*``
+    when ``cfg.eval_episodes`` > 0; writes ``summary.json``.
+    """
+    from ludic.training.algorithms import make_algorithm
+    from ludic.training.trainer import Trainer, TrainerConfig
+
+    factory = make_protocol_factory(inference.client, cfg.ctx, cfg.train_temperature, cfg.max_completion_tokens)
+    engine = RolloutEngine({"single_agent": factory}, concurrency=cfg.concurrency,
+                           jsonl_path=run_dir / "rollouts.jsonl")
+    algo = make_algorithm(cfg.algorithm, kl_coef=cfg.kl_coef) if cfg.kl_coef else make_algorithm(cfg.algorithm)
+    starts = _starts(cfg.agent_starts_as)
+
+    def requests_fn() -> list[RolloutRequest]:
+        n = cfg.rollouts_per_update // cfg.group_size
+        return [RolloutRequest(env_spec(cfg.opponent, cfg.epsilon, starts, cfg.compact),
+                               max_steps=cfg.max_steps_per_episode)
+                for _ in range(n)]
+
+    source = RolloutBatchSource(
+        engine, requests_fn, algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
+        sample_filter=algo.sample_filter, metrics_fn=tictactoe_metrics,
+    )
+    tcfg = TrainerConfig(
+        lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, micro_token_budget=cfg.micro_token_budget,
+        max_seq_len=cfg.max_seq_len, max_completion_tokens=cfg.max_completion_tokens,
+        gradient_checkpointing=cfg.gradient_checkpointing, checkpoint_every=cfg.checkpoint_every,
+        max_to_keep=cfg.max_to_keep, total_steps=cfg.train_steps,
+    )
+    trainer = Trainer(
+        model, algo, source, tcfg, publisher=inference.publisher, logger=logger,
+        checkpoint_dir=run_dir / "checkpoints", tokenizer=tok, pad_token_id=tok.pad_token_id,
+    )
+    if cfg.resume and trainer.resume():
+        print(f"[ludic] resumed from step {trainer.step} in {run_dir}")
+    eval_engine = RolloutEngine(
+        {"single_agent": make_protocol_factory(inference.client, cfg.ctx, cfg.eval_temperature,
+                                               cfg.max_completion_tokens)},
+        concurrency=cfg.concurrency,
+    )
+    last: dict[str, Any] = {}
+
+    async def on_step(step: int, metrics: dict[str, Any]) -> None:
+        nonlocal last
+        last = dict(metrics)
+        if cfg.eval_every and cfg.eval_episodes and step % cfg.eval_every == 0 and step < cfg.train_steps:
+            ev, _ = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, "random", compact=cfg.compact))
+            logger.log(step, {f"eval/{k}": v for k, v in ev.items()})
+
+    await trainer.train(cfg.train_steps, on_step)
+    if cfg.final_save:
+        trainer.save()
+    if cfg.eval_episodes:
+        for opp in ("random", "minimax"):
+            ev, _ = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, opp, compact=cfg.compact))
+            last.update({f"eval_{opp}/{k}": v for k, v in ev.items()})
+        logger.log(trainer.step, {k: v for k, v in last.items() if k.startswith("eval_")})
+    (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in last.items()
+                                                      if isinstance(v, (int, float))}, indent=2))
+    return last
 
 
 @dataclass
