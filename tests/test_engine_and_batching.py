@@ -93,3 +93,22 @@ def test_engine_greedy_matches_hf_generate_and_stop_strings(tiny):
     if stop.strip():
         [s] = engine.generate([prompt], [SamplingParams(temperature=0.0, max_tokens=8, stop=(stop,))])
         assert s.finish_reason == FinishReason.STOP and s.text.endswith(stop)
+
+
+def test_shared_prefix_scoring_equals_plain_forward(tiny):
+    model, tok = tiny
+    g = torch.Generator().manual_seed(1)
+    system = torch.randint(5, 900, (20,), generator=g).tolist()
+    items = [SAWItem(tuple(system + torch.randint(5, 900, (n,), generator=g).tolist()),
+                     tuple(torch.randint(5, 900, (c,), generator=g).tolist()), 1.0)
+             for n, c in [(6, 3), (9, 2), (4, 5)]]
+    mb = collate(items, tok.pad_token_id)
+    grads = []
+    for share in (False, True):
+        model.zero_grad()
+        logp, _ = score_actions(model, mb, share_prefix=share)
+        logp.sum().backward()
+        grads.append((logp.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    assert torch.allclose(grads[0][0], grads[1][0], atol=1e-5)
+    assert torch.allclose(grads[0][1], grads[1][1], atol=1e-5, rtol=1e-4)
+    model.zero_grad()

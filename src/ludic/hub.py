@@ -288,7 +288,7 @@ def model_card(
     front += [f"- {_yaml_str(t)}" for t in dict.fromkeys(tags)]
     front.append("---")
 
-    name = repo_id or "this model"
+    name = f"`{repo_id}`" if repo_id else "This model"
     base_txt = f"`{base_model}`" if base_model else "its base model"
     what = {
         "merged": f"a LoRA adapter merged into {base_txt}",
@@ -296,7 +296,7 @@ def model_card(
         "full": f"a full fine-tune of {base_txt}" if base_model else "a full fine-tune",
     }[kind]
     body = [f"# {repo_id.split('/')[-1] if repo_id else 'Ludic model'}", "",
-            f"{name[0].upper() + name[1:]} is {what}, trained with Ludic"
+            f"{name} is {what}, trained with Ludic"
             + (f" ({algorithm})" if algorithm else "") + "."]
     rid = repo_id or "<repo_id>"
     if kind == "adapter":

@@ -127,8 +127,47 @@ def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
     return base.get_decoder(), base.get_output_embeddings()
 
 
+MIN_SHARED_PREFIX = 16
+"""Shortest common prompt prefix worth computing once per micro-batch."""
+
+
+def shared_prefix_len(items: Sequence[SAWItem]) -> int:
+    """Length of the common prefix of all prompts, capped so every item keeps >= 1 own prompt token."""
+    if len(items) < 2:
+        return 0
+    first = items[0].prompt_ids
+    limit = min(len(it.prompt_ids) for it in items) - 1
+    n = 0
+    while n < limit and all(it.prompt_ids[n] == first[n] for it in items):
+        n += 1
+    return n
+
+
+def _hidden_states(decoder: Any, mb: MicroBatch, prefix: int) -> Tensor:
+    """Decoder hidden states [B, T, H]; a shared prompt prefix is computed once and broadcast.
+
+    With ``prefix`` = L > 0, the prefix runs as a batch of one, its key/value
+    cache is repeated over the batch (gradients flow back through the repeat),
+    and the rest of every sequence attends to it. The result equals the plain
+    forward pass; it saves (B - 1) * L tokens of compute, e.g. the system
+    prompt shared by every item of a micro-batch.
+    """
+    if prefix <= 0:
+        return decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
+    B, T = mb.input_ids.shape
+    head = decoder(input_ids=mb.input_ids[:1, :prefix], use_cache=True)
+    cache = head.past_key_values
+    cache.batch_repeat_interleave(B)
+    positions = torch.arange(prefix, T, device=mb.input_ids.device)
+    tail = decoder(
+        input_ids=mb.input_ids[:, prefix:], attention_mask=mb.attention_mask, past_key_values=cache,
+        position_ids=positions[None].expand(B, -1), cache_position=positions, use_cache=True,
+    ).last_hidden_state
+    return torch.cat([head.last_hidden_state.expand(B, -1, -1), tail], dim=1)
+
+
 def score_actions(
-    model: Any, mb: MicroBatch, *, need_entropy: bool = False, chunk: int = 1024
+    model: Any, mb: MicroBatch, *, need_entropy: bool = False, chunk: int = 1024, share_prefix: bool = True
 ) -> tuple[Tensor, Tensor | None]:
     """Log-prob (and optionally entropy) of every action token under ``model``.
 
@@ -142,7 +181,8 @@ def score_actions(
         sel = logits[mb.rows, mb.cols]
         return _logp_entropy(sel, mb.targets, need_entropy)
     decoder, head = parts
-    hidden = decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
+    prefix = shared_prefix_len(mb.items) if share_prefix and not getattr(decoder, "gradient_checkpointing", False) else 0
+    hidden = _hidden_states(decoder, mb, prefix if prefix >= MIN_SHARED_PREFIX else 0)
     h = hidden[mb.rows, mb.cols]  # [N, H]
     logps, ents = [], []
     for s in range(0, h.shape[0], chunk):
