@@ -112,3 +112,17 @@ def test_shared_prefix_scoring_equals_plain_forward(tiny):
     assert torch.allclose(grads[0][0], grads[1][0], atol=1e-5)
     assert torch.allclose(grads[0][1], grads[1][1], atol=1e-5, rtol=1e-4)
     model.zero_grad()
+
+
+def test_engine_shared_prefix_prefill_matches_single_prompts(tiny):
+    model, tok = tiny
+    engine = TransformersEngine(model, tok)
+    system = "You are a careful assistant. " * 6  # a long shared system prompt (prefilled once)
+    prompts = [render_ids(tok, [{"role": "system", "content": system}, {"role": "user", "content": q}])
+               for q in ("Hi", "What is two plus two?", "Name a colour please, any colour")]
+    greedy = SamplingParams(temperature=0.0, max_tokens=5)
+    batched = engine.generate(prompts, [greedy] * 3)
+    single = [engine.generate([p], [greedy])[0] for p in prompts]
+    for b, s in zip(batched, single):
+        assert b.trace.completion_ids == s.trace.completion_ids
+        assert max(abs(x - y) for x, y in zip(b.trace.logprobs, s.trace.logprobs)) < 1e-3

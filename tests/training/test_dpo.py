@@ -281,6 +281,19 @@ def test_matches_trl_lora_base_reference(tiny_model_dir, tokenizer, tmp_path):
     _compare_with_trl(tr, tokenizer, DPOLossConfig(beta=0.5), None)
 
 
+def test_matches_trl_conversational_with_shared_system_prompt(tiny_model_dir, tokenizer, tmp_path):
+    """Chat-template pairs: TRL's own template tokenisation, and a long prompt prefix shared by every item."""
+    records = [{"prompt": [{"role": "user", "content": r["prompt"]}],
+                "chosen": [{"role": "assistant", "content": r["chosen"].strip()}],
+                "rejected": [{"role": "assistant", "content": r["rejected"].strip()}]} for r in RECORDS]
+    tr = _trl_trainer(tmp_path, _tiny(tiny_model_dir), tokenizer, "sigmoid", records=records, beta=0.2)
+    items = _items_from_trl_batch(next(iter(tr.get_train_dataloader())))
+    shared = next(i for i, col in enumerate(zip(*(it.prompt_ids for it in items))) if len(set(col)) > 1)
+    assert shared >= 16  # the template's system prompt
+    _perturb(tr.model.parameters(), 0.05)
+    _compare_with_trl(tr, tokenizer, DPOLossConfig(beta=0.2), tr.ref_model)
+
+
 def test_label_smoothing_matches_trl_aot_on_one_pair(tiny_model_dir, tokenizer, tmp_path):
     """TRL 1.16's "sigmoid" ignores label_smoothing; its "aot" loss is cDPO after sorting, i.e. cDPO for one pair."""
     tr = _trl_trainer(tmp_path, _tiny(tiny_model_dir), tokenizer, "aot", records=RECORDS[1:2], beta=0.3,

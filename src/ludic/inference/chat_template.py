@@ -72,3 +72,14 @@ def extend_ids(
             closing = closing[len(last):]
     glue = closing + text_b[len(text_a):]
     return list(prev_ids) + list(completion_ids) + encode(tokenizer, glue)
+
+
+def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
+    """Length of the prefix shared by all ``seqs``, leaving each at least one token of its own."""
+    if len(seqs) < 2:
+        return 0
+    first, limit = seqs[0], min(len(s) for s in seqs) - 1
+    n = 0
+    while n < limit and all(s[n] == first[n] for s in seqs):
+        n += 1
+    return n

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ludic.inference.chat_template import render_ids
+from ludic.inference.chat_template import common_prefix_len, render_ids
 from ludic.inference.client import ChatRequest, ChatResponse, SamplingParams
 from ludic.types import FinishReason, TokenTrace
 
@@ -134,14 +134,23 @@ class TransformersEngine:
 
     def _generate(self, prompts: list[list[int]], sampling: list[SamplingParams]) -> list[ChatResponse]:
         B, dev = len(prompts), self.device
-        lengths = torch.tensor([len(p) for p in prompts], device=dev)
-        T = int(lengths.max())
+        # A prompt prefix shared by the whole batch (the system prompt) is prefilled once.
+        L = common_prefix_len(prompts)
+        L = L if L >= MIN_SHARED_PREFIX else 0
+        past = None
+        if L:
+            prefix = torch.tensor([prompts[0][:L]], dtype=torch.long, device=dev)
+            past = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
+            past.batch_repeat_interleave(B)
+        tails = [p[L:] for p in prompts]
+        T = max(len(p) for p in tails)
         input_ids = torch.full((B, T), self.pad_id, dtype=torch.long, device=dev)
-        attn = torch.zeros((B, T), dtype=torch.long, device=dev)
-        for i, p in enumerate(prompts):  # left padding
+        attn = torch.zeros((B, L + T), dtype=torch.long, device=dev)
+        attn[:, :L] = 1
+        for i, p in enumerate(tails):  # left padding between the shared prefix and each tail
             input_ids[i, T - len(p):] = torch.tensor(p, dtype=torch.long)
-            attn[i, T - len(p):] = 1
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)
+            attn[i, L + T - len(p):] = 1
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)[:, L:]
 
         temps = torch.tensor([s.temperature for s in sampling], device=dev, dtype=torch.float32)
         top_ps = torch.tensor([s.top_p for s in sampling], device=dev, dtype=torch.float32)
@@ -151,7 +160,7 @@ class TransformersEngine:
 
         out = self.model(
             input_ids=input_ids, attention_mask=attn, position_ids=positions,
-            use_cache=True, logits_to_keep=1,
+            past_key_values=past, use_cache=True, logits_to_keep=1,
         )
         past = out.past_key_values
         logits = out.logits[:, -1, :].float()
@@ -205,6 +214,9 @@ class TransformersEngine:
             )
             results.append(ChatResponse(text=text, trace=trace, info={"batch_size": B}))
         return results
+
+
+MIN_SHARED_PREFIX = 16
 
 
 def _stop_token_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -115,16 +115,12 @@ async def _dpo(cfg: DPOTrainConfig) -> dict[str, Any]:
     from ludic.config import dump_config
     from ludic.data.text_logs import TextLogLogger
     from ludic.recipes.tictactoe import default_run_dir
-    from ludic.rollouts.credit import ConstantCredit
-    from ludic.training.algorithms import Algorithm
     from ludic.training.distributed import broadcast_object, init_distributed, shutdown_distributed
-    from ludic.training.dpo import DPOLossConfig, PairBatchSource, make_dpo_objective
+    from ludic.training.dpo import DPOLossConfig
     from ludic.training.loggers import MultiLogger, make_logger
-    from ludic.training.losses import LossConfig
     from ludic.training.lora import LoraSettings, load_policy
-    from ludic.training.trainer import Trainer, TrainerConfig
 
-    loss_cfg = DPOLossConfig(beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing)
+    DPOLossConfig(beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing)  # fail fast
     reference = resolve_reference(cfg.reference, lora=not cfg.full_finetune, adapter=cfg.adapter)
     rank, world = init_distributed()
     run_dir = Path(broadcast_object(str(cfg.run_dir or default_run_dir("dpo"))))
@@ -132,16 +128,12 @@ async def _dpo(cfg: DPOTrainConfig) -> dict[str, Any]:
     model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
     if cfg.full_finetune and cfg.adapter is not None:
         model = model.merge_and_unload().requires_grad_(True)
-    ref_model = None
-    if reference == "copy":
-        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     paths = [p.strip() for p in cfg.data.split(",") if p.strip()]
     pairs, dropped = load_pairs(paths, tok, cfg.chat_template, cfg.max_seq_len)
     if not pairs:
         raise ValueError(f"no preference pairs fit max_seq_len={cfg.max_seq_len} in {cfg.data}")
     if dropped and rank == 0:
         print(f"[ludic] dropped {dropped} pairs whose prompt alone fills max_seq_len={cfg.max_seq_len}")
-    source = PairBatchSource(pairs, cfg.batch_size, seed=cfg.seed, rank=rank, world_size=world)
     steps = math.ceil(cfg.epochs * len(pairs) / (cfg.batch_size * world))
     if cfg.max_steps:
         steps = min(steps, cfg.max_steps)
@@ -151,6 +143,34 @@ async def _dpo(cfg: DPOTrainConfig) -> dict[str, Any]:
         dump_config(cfg, run_dir / "config.json")
         logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=steps)
         logger = MultiLogger(logger.loggers + [TextLogLogger(cfg.logs_dir or run_dir, "dpo")])
+    last = await dpo_stage(cfg, model, tok, pairs, run_dir, logger, steps, reference=reference)
+    if logger is not None:
+        logger.close()
+    shutdown_distributed()
+    return {**last, "run_dir": str(run_dir), "steps": steps, "num_pairs": len(pairs), "dropped_pairs": dropped,
+            "reference": reference}
+
+
+async def dpo_stage(
+    cfg: DPOTrainConfig, model: Any, tok: Any, pairs: list, run_dir: Path, logger: Any, steps: int,
+    *, reference: str = "copy",
+) -> dict[str, Any]:
+    """Run ``steps`` DPO optimizer steps on ``pairs`` (sharded over ranks); save to ``run_dir/final``.
+
+    ``reference`` "copy" freezes a copy of ``model`` as it is now; "base" uses
+    the LoRA base with the adapter disabled.
+    """
+    from ludic.rollouts.credit import ConstantCredit
+    from ludic.training.algorithms import Algorithm
+    from ludic.training.distributed import init_distributed
+    from ludic.training.dpo import DPOLossConfig, PairBatchSource, make_dpo_objective
+    from ludic.training.losses import LossConfig
+    from ludic.training.trainer import Trainer, TrainerConfig
+
+    rank, world = init_distributed()
+    loss_cfg = DPOLossConfig(beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing)
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if reference == "copy" else None
+    source = PairBatchSource(pairs, cfg.batch_size, seed=cfg.seed, rank=rank, world_size=world)
     tcfg = TrainerConfig(
         lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, lr_schedule=cfg.lr_schedule,
         warmup_steps=cfg.warmup_steps, total_steps=steps, micro_token_budget=cfg.micro_token_budget,
@@ -184,8 +204,4 @@ async def _dpo(cfg: DPOTrainConfig) -> dict[str, Any]:
             tok.save_pretrained(final)
         if last:  # a resumed, already finished run keeps its summary
             (run_dir / "summary.json").write_text(json.dumps(last, indent=2))
-    if logger is not None:
-        logger.close()
-    shutdown_distributed()
-    return {**last, "run_dir": str(run_dir), "steps": steps, "num_pairs": len(pairs), "dropped_pairs": dropped,
-            "reference": reference}
+    return last

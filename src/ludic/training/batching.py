@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from ludic.inference.chat_template import common_prefix_len
 from ludic.types import SAWItem
 
 
@@ -132,15 +133,8 @@ MIN_SHARED_PREFIX = 16
 
 
 def shared_prefix_len(items: Sequence[SAWItem]) -> int:
-    """Length of the common prefix of all prompts, capped so every item keeps >= 1 own prompt token."""
-    if len(items) < 2:
-        return 0
-    first = items[0].prompt_ids
-    limit = min(len(it.prompt_ids) for it in items) - 1
-    n = 0
-    while n < limit and all(it.prompt_ids[n] == first[n] for it in items):
-        n += 1
-    return n
+    """Common prefix of all prompts, capped so every item keeps >= 1 own prompt token."""
+    return common_prefix_len([it.prompt_ids for it in items])
 
 
 def _hidden_states(decoder: Any, mb: MicroBatch, prefix: int) -> Tensor:
