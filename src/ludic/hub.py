@@ -1,6 +1,7 @@
 """Publish a trained model on the Hugging Face Hub: prepare a complete folder, then upload it.
 
-    folder = prepare_hub_folder("runs/dpo-x/checkpoints/step_000300", "out/hub", base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
+    folder = prepare_hub_folder("runs/dpo-x/checkpoints/step_000300", "out/hub",
+                                base_model="HuggingFaceTB/SmolLM2-135M-Instruct")
     push_to_hub(folder, "me/smollm2-ttt-dpo")
 
 ``prepare_hub_folder`` accepts a Ludic checkpoint (``step_XXXXXX/`` holding
@@ -355,13 +356,16 @@ def push_to_hub(
 
 
 def main(argv: list[str] | None = None) -> Path:
-    p = argparse.ArgumentParser(prog="push_to_hub.py", description="Prepare a Ludic checkpoint and upload it to the Hub.")
+    p = argparse.ArgumentParser(prog="push_to_hub.py",
+                                description="Prepare a Ludic checkpoint and upload it to the Hugging Face Hub.")
     p.add_argument("checkpoint", help="step_XXXXXX/ checkpoint, run directory, or HF model / LoRA adapter folder")
     p.add_argument("repo_id", help="target repository, e.g. me/smollm2-ttt-dpo")
     p.add_argument("--base-model", default=None, help="base model of a LoRA adapter (default: the run's --model)")
     p.add_argument("--private", action="store_true", help="create the repository as private")
-    p.add_argument("--no-merge", dest="merge", action="store_false", help="upload the LoRA adapter, not merged weights")
-    p.add_argument("--dtype", default="auto", help="merged weights' dtype: auto (the base's), float32, bfloat16, float16")
+    p.add_argument("--no-merge", dest="merge", action="store_false",
+                   help="upload the LoRA adapter, not merged weights")
+    p.add_argument("--dtype", default="auto",
+                   help="merged weights' dtype: auto (the base's), float32, bfloat16, float16")
     p.add_argument("--eval-json", default=None, help="JSON file of eval numbers for the model card")
     p.add_argument("--revision", default=None, help="branch to upload to (created if missing)")
     p.add_argument("--commit-message", default=DEFAULT_COMMIT_MESSAGE)
