@@ -135,7 +135,9 @@ def load_model(name: str | None, dtype: str = "auto", device: str = "cpu") -> An
     """Load a causal LM (packaged default, local folder or hub id) in ``dtype`` ("auto" picks)."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model(name), dtype=getattr(torch, resolve_dtype(dtype, device)), attn_implementation="sdpa"
     )
