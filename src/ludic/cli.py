@@ -5,6 +5,7 @@
     ludic datagen tictactoe [flags]   SFT data: rejection sampling or the solver teacher
     ludic datagen thinktactoe [flags] ThinkTacToe-format SFT / DPO / GRPO / minimax datasets
     ludic sft [flags]                 supervised fine-tuning on JSONL (torchrun-ready)
+    ludic dpo [flags]                 preference optimisation (DPO / IPO / hinge) on JSONL pairs
     ludic recipe tictactoe [flags]    teacher data -> SFT -> GRPO -> eval, with a report
     ludic model prepare               convert the packaged model once (cached)
 
@@ -57,6 +58,13 @@ def _sft(argv: list[str]) -> None:
     print(json.dumps({k: v for k, v in out.items() if isinstance(v, (int, float, str))}, indent=2))
 
 
+def _dpo(argv: list[str]) -> None:
+    from ludic.recipes.dpo import DPOTrainConfig, dpo
+
+    out = dpo(parse_config(DPOTrainConfig, argv, prog="ludic dpo"))
+    print(json.dumps({k: v for k, v in out.items() if isinstance(v, (int, float, str))}, indent=2))
+
+
 def _recipe_tictactoe(argv: list[str]) -> None:
     from ludic.recipes.tictactoe_recipe import RecipeConfig, recipe
 
@@ -79,6 +87,7 @@ COMMANDS: dict[tuple[str, ...], Callable[[list[str]], None]] = {
     ("datagen", "tictactoe"): _datagen_tictactoe,
     ("datagen", "thinktactoe"): _datagen_thinktactoe,
     ("sft",): _sft,
+    ("dpo",): _dpo,
     ("recipe", "tictactoe"): _recipe_tictactoe,
     ("model", "prepare"): _model_prepare,
 }
