@@ -1,6 +1,7 @@
 """The ``ludic`` command.
 
     ludic train tictactoe [flags]     GRPO + LoRA on tic-tac-toe
+    ludic train prompts [flags]       GRPO on a JSONL prompt dataset with a reward function
     ludic eval tictactoe [flags]      win / draw / loss / illegal / parse-error rates
     ludic datagen tictactoe [flags]   SFT data: rejection sampling or the solver teacher
     ludic datagen thinktactoe [flags] ThinkTacToe-format SFT / DPO / GRPO / minimax datasets
@@ -27,6 +28,13 @@ def _train_tictactoe(argv: list[str]) -> None:
     cfg = parse_config(TrainTicTacToeConfig, argv, prog="ludic train tictactoe")
     metrics = train(cfg)
     print(json.dumps({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, indent=2))
+
+
+def _train_prompts(argv: list[str]) -> None:
+    from ludic.recipes.grpo_prompts import TrainPromptsConfig, train_prompts
+
+    out = train_prompts(parse_config(TrainPromptsConfig, argv, prog="ludic train prompts"))
+    print(json.dumps({k: v for k, v in out.items() if isinstance(v, (int, float, str))}, indent=2))
 
 
 def _eval_tictactoe(argv: list[str]) -> None:
@@ -83,6 +91,7 @@ def _model_prepare(argv: list[str]) -> None:
 
 COMMANDS: dict[tuple[str, ...], Callable[[list[str]], None]] = {
     ("train", "tictactoe"): _train_tictactoe,
+    ("train", "prompts"): _train_prompts,
     ("eval", "tictactoe"): _eval_tictactoe,
     ("datagen", "tictactoe"): _datagen_tictactoe,
     ("datagen", "thinktactoe"): _datagen_thinktactoe,

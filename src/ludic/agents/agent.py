@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ludic.context import ContextStrategy, FullDialog
-from ludic.inference.chat_template import extend_ids, render_ids
+from ludic.inference.chat_template import encode_raw, extend_ids, render_ids
 from ludic.inference.client import ChatClient, ChatRequest, ChatResponse, SamplingParams
 from ludic.parsers import ParseResult, Parser, identity_parser
 from ludic.types import FinishReason, TokenTrace
@@ -95,6 +95,9 @@ class Agent:
         if tok is None:
             return None
         history = self.ctx.history
+        if getattr(self.ctx, "raw", False):  # pre-formatted prompt text, no chat template
+            msgs = self.ctx.messages()
+            return tuple(encode_raw(tok, msgs[-1]["content"] if msgs else ""))
         if self.ctx.append_only and self._prev is not None:
             prev_prompt, prev_completion, reason, n = self._prev
             if reason != FinishReason.ERROR:

@@ -99,7 +99,20 @@ class LastObservationContext(ContextStrategy):
         return system + [dict(users[-1])] if users else system  # type: ignore[return-value]
 
 
-CONTEXTS = {"full": FullDialog, "truncated": TruncatedThinkingContext, "last": LastObservationContext}
+class RawPromptContext(ContextStrategy):
+    """The latest observation as raw text, with no chat template (for base models and
+    datasets whose prompts are already formatted, e.g. ThinkTacToe's board tokens)."""
+
+    append_only = False
+    raw = True
+
+    def messages(self) -> list[Message]:
+        users = [m for m in self.history if m["role"] == "user"]
+        return [dict(users[-1])] if users else []  # type: ignore[list-item]
+
+
+CONTEXTS = {"full": FullDialog, "truncated": TruncatedThinkingContext, "last": LastObservationContext,
+            "raw": RawPromptContext}
 
 
 def make_context(name: str, system_prompt: str | None = None) -> ContextStrategy:
@@ -114,6 +127,7 @@ __all__ = [
     "FullDialog",
     "TruncatedThinkingContext",
     "LastObservationContext",
+    "RawPromptContext",
     "truncate_thinking",
     "make_context",
 ]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ludic.data.jsonl import DatasetError, read_jsonl
-from ludic.inference.chat_template import encode, render_ids
+from ludic.inference.chat_template import encode, encode_raw, render_ids
 from ludic.types import SAWBatch, SAWItem
 
 
@@ -35,8 +35,7 @@ def prompt_ids_for(record: dict[str, Any], tokenizer: Any, chat: bool) -> list[i
         return render_ids(tokenizer, record["messages"])
     if chat:
         return render_ids(tokenizer, [{"role": "user", "content": record["prompt"]}])
-    bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    return bos + encode(tokenizer, record["prompt"])
+    return encode_raw(tokenizer, record["prompt"])
 
 
 def completion_ids_for(text: str, tokenizer: Any, chat: bool) -> list[int]:

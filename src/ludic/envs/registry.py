@@ -12,6 +12,7 @@ _REGISTRY: dict[str, EnvFactory] = {}
 _BUILTINS = {
     "tictactoe": "ludic.envs.tictactoe:TicTacToeEnv",
     "tictactoe_selfplay": "ludic.envs.tictactoe:TicTacToeGame",
+    "prompt": "ludic.envs.prompt_env:PromptEnv",
 }
 
 

@@ -26,6 +26,11 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def encode_raw(tokenizer: Any, text: str) -> list[int]:
+    """Encode plain text as the tokenizer does by default (its own BOS policy), no chat template."""
+    return list(tokenizer(text)["input_ids"])
+
+
 def render_ids(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
     """Prompt ids for ``messages`` with the generation prompt appended."""
     return encode(tokenizer, render_text(tokenizer, messages, add_generation_prompt=True))

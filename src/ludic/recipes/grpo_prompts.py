@@ -1,0 +1,150 @@
+"""GRPO on a prompt dataset with a reward function: ``ludic train prompts``.
+
+Each JSONL record ``{"prompt": ...}`` becomes a single-turn ``PromptEnv``; a
+group of completions per prompt is scored by a named reward function (e.g.
+``move_quality``: win 1.0, block 0.8, centre 0.6, corner 0.4, edge 0.2,
+invalid -1.0, judged for the side to move) and normalised within its group.
+
+    ludic datagen thinktactoe --kind grpo --output data/tictactoe_grpo.jsonl
+    ludic train prompts --data data/tictactoe_grpo.jsonl --reward move_quality --raw-prompts
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ludic.inference.models import DEFAULT_MODEL
+from ludic.types import Rollout
+
+
+@dataclass
+class TrainPromptsConfig:
+    """GRPO on a JSONL prompt dataset scored by a reward function."""
+
+    model: str = DEFAULT_MODEL
+    adapter: str | None = None
+    data: str = "data/tictactoe_grpo.jsonl"
+    reward: str = "move_quality"
+    """Registered reward function (prompt, completion) -> float."""
+    raw_prompts: bool = True
+    """Feed prompts as raw text (no chat template), as the ThinkTacToe datasets expect."""
+    stop: str = "<|end|>"
+    """Stop string for completions ('' for none)."""
+    algorithm: str = "grpo"
+    group_size: int = 4
+    prompts_per_step: int = 4
+    train_steps: int = 20
+    temperature: float = 1.0
+    max_completion_tokens: int = 32
+    lr: float = 1e-5
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    full_finetune: bool = False
+    kl_coef: float = 0.0
+    micro_token_budget: int = 8192
+    max_seq_len: int = 1024
+    run_dir: str | None = None
+    logs_dir: str | None = None
+    """Also write the seed's text log (grpo_training_logs_<time>.txt) here (default: the run dir)."""
+    logger: str = "rich"
+    final_save: bool = True
+    checkpoint_every: int = 0
+    resume: bool = True
+    dtype: str = "auto"
+    seed: int = 0
+
+
+def reward_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    rewards = [r.total_reward for r in rollouts if not r.meta.get("failed")]
+    if not rewards:
+        return {}
+    return {"reward_mean": statistics.fmean(rewards), "reward_std": statistics.pstdev(rewards)}
+
+
+def train_prompts(cfg: TrainPromptsConfig) -> dict[str, Any]:
+    return asyncio.run(_train_prompts(cfg))
+
+
+async def _train_prompts(cfg: TrainPromptsConfig) -> dict[str, Any]:
+    from ludic.agents.agent import Agent
+    from ludic.config import dump_config
+    from ludic.context import make_context
+    from ludic.data.jsonl import read_jsonl
+    from ludic.data.text_logs import TextLogLogger
+    from ludic.inference.backends import EnginePublisher
+    from ludic.inference.client import SamplingParams
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.interaction import SingleAgentProtocol
+    from ludic.recipes.tictactoe import default_run_dir
+    from ludic.rollouts.batch import RolloutBatchSource
+    from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
+    from ludic.training.algorithms import make_algorithm
+    from ludic.training.loggers import MultiLogger, make_logger
+    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.trainer import Trainer, TrainerConfig
+    from ludic.types import EnvSpec, RolloutRequest
+
+    records = read_jsonl(cfg.data, {"prompt": str})
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir("grpo-prompts")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir / "config.json")
+    lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
+    model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    engine = TransformersEngine(model, tok)
+    sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_completion_tokens,
+                              stop=(cfg.stop,) if cfg.stop else ())
+
+    def factory() -> SingleAgentProtocol:
+        ctx = make_context("raw" if cfg.raw_prompts else "last")
+        return SingleAgentProtocol(Agent(engine, ctx, sampling=sampling, reject_incomplete=False))
+
+    order = list(range(len(records)))
+    rng = random.Random(cfg.seed)
+    rng.shuffle(order)
+    cursor = 0
+
+    def requests_fn() -> list[RolloutRequest]:
+        nonlocal cursor
+        out = []
+        for _ in range(cfg.prompts_per_step):
+            rec = records[order[cursor % len(order)]]
+            cursor += 1
+            out.append(RolloutRequest(EnvSpec("prompt", {"prompt": rec["prompt"], "reward": cfg.reward}),
+                                      max_steps=1))
+        return out
+
+    algo = make_algorithm(cfg.algorithm, kl_coef=cfg.kl_coef) if cfg.kl_coef else make_algorithm(cfg.algorithm)
+    source = RolloutBatchSource(
+        RolloutEngine({"single_agent": factory}, concurrency=64, jsonl_path=run_dir / "rollouts.jsonl"),
+        requests_fn, algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
+        sample_filter=algo.sample_filter, metrics_fn=reward_metrics,
+    )
+    logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
+    logger = MultiLogger(logger.loggers + [TextLogLogger(cfg.logs_dir or run_dir, "grpo")])
+    trainer = Trainer(
+        model, algo, source,
+        TrainerConfig(lr=cfg.lr, micro_token_budget=cfg.micro_token_budget, max_seq_len=cfg.max_seq_len,
+                      max_completion_tokens=cfg.max_completion_tokens, total_steps=cfg.train_steps,
+                      checkpoint_every=cfg.checkpoint_every),
+        publisher=EnginePublisher(engine), logger=logger, checkpoint_dir=run_dir / "checkpoints",
+        tokenizer=tok, pad_token_id=tok.pad_token_id,
+    )
+    if cfg.resume:
+        trainer.resume()
+    cursor = trainer.step * cfg.prompts_per_step  # resumed runs continue through the dataset
+    last: dict[str, Any] = {}
+
+    def on_step(step: int, metrics: dict[str, Any]) -> None:
+        nonlocal last
+        last = metrics
+
+    await trainer.train(cfg.train_steps, on_step)
+    if cfg.final_save:
+        trainer.save()
+    logger.close()
+    return {**last, "run_dir": str(run_dir)}
