@@ -14,26 +14,19 @@ from __future__ import annotations
 from typing import Callable
 
 from ludic.envs.base import SingleAgentEnv
+from ludic.envs.registry import Registry
 from ludic.types import JSON, StepOutcome
 
 RewardFn = Callable[[str, str], float]
-_REWARDS: dict[str, RewardFn] = {}
-_BUILTIN_REWARDS = {"move_quality": "ludic.data.thinktactoe:move_quality_reward"}
+REWARDS: Registry[RewardFn] = Registry("reward", {"move_quality": "ludic.data.thinktactoe:move_quality_reward"})
 
 
 def register_reward(name: str, fn: RewardFn) -> None:
-    _REWARDS[name] = fn
+    REWARDS.register(name, fn)
 
 
 def get_reward(name: str) -> RewardFn:
-    if name not in _REWARDS and name in _BUILTIN_REWARDS:
-        import importlib
-
-        module, attr = _BUILTIN_REWARDS[name].split(":")
-        _REWARDS[name] = getattr(importlib.import_module(module), attr)
-    if name not in _REWARDS:
-        raise KeyError(f"unknown reward {name!r}; registered: {sorted(set(_REWARDS) | set(_BUILTIN_REWARDS))}")
-    return _REWARDS[name]
+    return REWARDS.get(name)
 
 
 class PromptEnv(SingleAgentEnv):
