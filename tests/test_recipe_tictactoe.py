@@ -52,7 +52,7 @@ def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path):
     from ludic.recipes.tictactoe_recipe import RecipeConfig, recipe
 
     run = tmp_path / "recipe"
-    report = recipe(RecipeConfig(model=str(tiny_model_dir), run_dir=str(run), teacher_episodes=6, sft_steps=2,
+    report = recipe(RecipeConfig(model=str(tiny_model_dir), run_dir=str(run), sft_steps=2,
                                  sft_batch_size=4, grpo_steps=1, group_size=2, rollouts_per_update=4,
                                  eval_episodes=2, max_completion_tokens=6, logger="none"))
     assert set(report["results"]) == {f"{s}/{o}" for s in ("base", "sft", "grpo") for o in ("random", "minimax")}

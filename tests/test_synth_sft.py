@@ -94,3 +94,28 @@ def test_offline_source_shards_epochs_and_resumes():
     c = OfflineBatchSource(items, 3, seed=0, rank=0, world_size=2)
     c.load_state_dict(state)
     assert asyncio.run(c.next_batch()).items == nxt and a.epoch == 1
+
+
+def test_teacher_positions_cover_every_reachable_decision_and_never_lose():
+    from ludic.data.synth import preferred_best_move, teacher_position_records, teacher_positions
+
+    boards = set(teacher_positions())
+    assert len(boards) == 335
+    # play the deterministic teacher against every opponent line, from both seats: it meets only
+    # positions in the set and never loses
+    def walk(board, me):
+        if ttt.is_over(board):
+            assert ttt.winner(board) != ttt.other(me)
+            return
+        if ttt.to_move(board) == me:
+            assert board in boards
+            walk(ttt.play(board, preferred_best_move(board)), me)
+        else:
+            for m in ttt.legal_moves(board):
+                walk(ttt.play(board, m), me)
+
+    walk(ttt.EMPTY_BOARD, "X")
+    walk(ttt.EMPTY_BOARD, "O")
+    recs = teacher_position_records("SYS")
+    assert recs[0]["completion"] == "<think>Take the centre.</think><move>B2</move>"
+    assert all(r["messages"][1]["content"].endswith("Your move.") for r in recs)

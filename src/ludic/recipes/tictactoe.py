@@ -68,6 +68,8 @@ class TrainTicTacToeConfig:
     """x, o, or mixed (50/50 per episode)."""
     compact: bool = False
     """Compact board rendering (about a third fewer prompt tokens)."""
+    show_opponent_move: bool = True
+    """Start observations with the opponent's last move."""
     lr: float = 5e-5
     max_grad_norm: float = 0.5
     lora_rank: int = 8
@@ -144,9 +146,11 @@ def make_protocol_factory(
     return factory
 
 
-def env_spec(opponent: str, epsilon: float, agent_starts: bool | None, compact: bool = False) -> EnvSpec:
+def env_spec(
+    opponent: str, epsilon: float, agent_starts: bool | None, compact: bool = False, show_opponent_move: bool = True
+) -> EnvSpec:
     return EnvSpec("tictactoe", {"opponent": opponent, "epsilon": epsilon, "agent_starts": agent_starts,
-                                 "compact": compact})
+                                 "compact": compact, "show_opponent_move": show_opponent_move})
 
 
 def _starts(mode: str) -> bool | None:
@@ -156,11 +160,12 @@ def _starts(mode: str) -> bool | None:
 
 
 def eval_requests(
-    episodes: int, opponent: str, epsilon: float = 0.0, compact: bool = False, seed_base: int = 1_000_000
+    episodes: int, opponent: str, epsilon: float = 0.0, compact: bool = False, show_opponent_move: bool = True,
+    seed_base: int = 1_000_000,
 ) -> list[RolloutRequest]:
     """Half the episodes with the agent moving first, half second; fixed seeds."""
     return [
-        RolloutRequest(env_spec(opponent, epsilon, i % 2 == 0, compact), env_seed=seed_base + i,
+        RolloutRequest(env_spec(opponent, epsilon, i % 2 == 0, compact, show_opponent_move), env_seed=seed_base + i,
                        sampling_seed=seed_base + i, max_steps=5)
         for i in range(episodes)
     ]
@@ -224,7 +229,7 @@ async def grpo_stage(
 
     def requests_fn() -> list[RolloutRequest]:
         n = cfg.rollouts_per_update // cfg.group_size
-        return [RolloutRequest(env_spec(cfg.opponent, cfg.epsilon, starts, cfg.compact),
+        return [RolloutRequest(env_spec(cfg.opponent, cfg.epsilon, starts, cfg.compact, cfg.show_opponent_move),
                                max_steps=cfg.max_steps_per_episode)
                 for _ in range(n)]
 
@@ -255,7 +260,8 @@ async def grpo_stage(
         nonlocal last
         last = dict(metrics)
         if cfg.eval_every and cfg.eval_episodes and step % cfg.eval_every == 0 and step < cfg.train_steps:
-            ev, _ = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, "random", compact=cfg.compact))
+            ev, _ = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, "random", compact=cfg.compact,
+                                                          show_opponent_move=cfg.show_opponent_move))
             logger.log(step, {f"eval/{k}": v for k, v in ev.items()})
 
     await trainer.train(cfg.train_steps, on_step)
@@ -263,7 +269,8 @@ async def grpo_stage(
         trainer.save()
     if cfg.eval_episodes:
         for opp in ("random", "minimax"):
-            ev, _ = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, opp, compact=cfg.compact))
+            ev, _ = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, opp, compact=cfg.compact,
+                                                         show_opponent_move=cfg.show_opponent_move))
             last.update({f"eval_{opp}/{k}": v for k, v in ev.items()})
         logger.log(trainer.step, {k: v for k, v in last.items() if k.startswith("eval_")})
     (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in last.items()
@@ -286,6 +293,7 @@ class EvalTicTacToeConfig:
     epsilon: float = 0.3
     compact: bool = False
     """Compact board rendering (use what the model was trained on)."""
+    show_opponent_move: bool = True
     temperature: float = 0.6
     max_tokens: int = 48
     concurrency: int = 64
@@ -316,7 +324,8 @@ async def _evaluate(cfg: EvalTicTacToeConfig) -> dict[str, float]:
             concurrency=cfg.concurrency,
         )
         t0 = time.perf_counter()
-        metrics, rollouts = await run_eval(engine, eval_requests(cfg.episodes, cfg.opponent, cfg.epsilon, cfg.compact))
+        metrics, rollouts = await run_eval(engine, eval_requests(cfg.episodes, cfg.opponent, cfg.epsilon, cfg.compact,
+                                                                         cfg.show_opponent_move))
         metrics["episodes_per_s"] = len(rollouts) / (time.perf_counter() - t0)
         n_tok = [len(s.trace.completion_ids) for r in rollouts for s in r.steps if s.trace]
         metrics["avg_completion_tokens"] = sum(n_tok) / max(len(n_tok), 1)

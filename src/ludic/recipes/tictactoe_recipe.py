@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -33,10 +34,18 @@ class RecipeConfig:
     """Prompt view: last (latest board only), truncated or full."""
     compact: bool = True
     """Compact board rendering (fewer prompt tokens)."""
+    show_opponent_move: bool = False
+    """The board says everything; the opponent's last move would only add tokens."""
+    data: str = "positions"
+    """positions: every position the deterministic solver teacher can face (335, ctx last only);
+    episodes: teacher games against mixed opponents (any ctx)."""
     teacher_episodes: int = 3000
-    sft_steps: int = 60
+    """Episodes for data=episodes."""
+    sft_epochs: float = 3.0
+    sft_steps: int = 0
+    """Fixed number of SFT steps (0: sft_epochs decides)."""
     sft_batch_size: int = 16
-    sft_lr: float = 1e-4
+    sft_lr: float = 2e-4
     grpo_steps: int = 6
     group_size: int = 8
     rollouts_per_update: int = 16
@@ -60,7 +69,7 @@ def recipe(cfg: RecipeConfig) -> dict[str, Any]:
 async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.config import dump_config
     from ludic.data.offline import sft_item
-    from ludic.data.synth import teacher_records
+    from ludic.data.synth import teacher_position_records, teacher_records
     from ludic.inference.backends import EnginePublisher, Inference, _noop
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.recipes.sft import SFTConfig, sft_stage
@@ -85,7 +94,9 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         ev_engine = RolloutEngine({"single_agent": make_protocol_factory(
             engine, cfg.ctx, 0.0, cfg.max_completion_tokens)}, concurrency=64)
         for opp in ("random", "minimax"):
-            metrics, rollouts = await run_eval(ev_engine, eval_requests(cfg.eval_episodes, opp, compact=cfg.compact))
+            reqs = eval_requests(cfg.eval_episodes, opp, compact=cfg.compact,
+                                 show_opponent_move=cfg.show_opponent_move)
+            metrics, rollouts = await run_eval(ev_engine, reqs)
             results[f"{stage}/{opp}"] = metrics
             print(f"[recipe] {stage} vs {opp}: " + ", ".join(
                 f"{k}={v:.2f}" for k, v in metrics.items() if k in ("legal_move_rate", "win_rate", "draw_rate",
@@ -96,19 +107,27 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         await evaluate("base")
 
     t0 = time.perf_counter()
-    records = teacher_records(cfg.teacher_episodes, SYSTEM_PROMPT, ctx=cfg.ctx, keep=("win", "draw"),
-                              seed=cfg.seed, compact=cfg.compact)
+    if cfg.data == "positions":
+        if cfg.ctx != "last":
+            raise ValueError("data=positions writes history-free prompts: use ctx=last (or data=episodes)")
+        records = teacher_position_records(SYSTEM_PROMPT, compact=cfg.compact)
+    elif cfg.data == "episodes":
+        records = teacher_records(cfg.teacher_episodes, SYSTEM_PROMPT, ctx=cfg.ctx, keep=("win", "draw"),
+                                  seed=cfg.seed, compact=cfg.compact)
+    else:
+        raise ValueError(f"data must be positions or episodes, got {cfg.data!r}")
     items = [sft_item(r, tok) for r in records]
     times["datagen"] = time.perf_counter() - t0
-    print(f"[recipe] teacher data: {len(records)} records from {cfg.teacher_episodes} episodes", flush=True)
+    print(f"[recipe] teacher data ({cfg.data}): {len(records)} records", flush=True)
 
     t0 = time.perf_counter()
-    sft_cfg = SFTConfig(model=cfg.model, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr, max_steps=cfg.sft_steps,
+    sft_steps = cfg.sft_steps or math.ceil(cfg.sft_epochs * len(items) / cfg.sft_batch_size)
+    sft_cfg = SFTConfig(model=cfg.model, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr, max_steps=sft_steps,
                         micro_token_budget=cfg.micro_token_budget, final_save=True, resume=False, seed=cfg.seed,
-                        warmup_steps=max(1, cfg.sft_steps // 20))
+                        warmup_steps=max(1, sft_steps // 20))
     sft_dir = run_dir / "sft"
-    sft_logger = make_logger(cfg.logger, sft_dir, asdict(sft_cfg), total_steps=cfg.sft_steps)
-    await sft_stage(sft_cfg, model, tok, items, sft_dir, sft_logger, cfg.sft_steps)
+    sft_logger = make_logger(cfg.logger, sft_dir, asdict(sft_cfg), total_steps=sft_steps)
+    await sft_stage(sft_cfg, model, tok, items, sft_dir, sft_logger, sft_steps)
     sft_logger.close()
     times["sft"] = time.perf_counter() - t0
     await evaluate("sft")
@@ -119,7 +138,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     model = apply_lora(model, LoraSettings(rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank))
     engine.model = model
     grpo_cfg = TrainTicTacToeConfig(
-        model=str(sft_dir / "final"), ctx=cfg.ctx, compact=cfg.compact, group_size=cfg.group_size,
+        model=str(sft_dir / "final"), ctx=cfg.ctx, compact=cfg.compact,
+        show_opponent_move=cfg.show_opponent_move, group_size=cfg.group_size,
         rollouts_per_update=cfg.rollouts_per_update, train_steps=cfg.grpo_steps, lr=cfg.grpo_lr,
         opponent=cfg.opponent, epsilon=cfg.epsilon, max_completion_tokens=cfg.max_completion_tokens,
         lora_rank=cfg.lora_rank, micro_token_budget=cfg.micro_token_budget, checkpoint_every=0,
@@ -134,7 +154,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     await evaluate("grpo")
 
     report = {"results": results, "seconds": times, "total_seconds": sum(times.values()),
-              "sft_records": len(records), "config": asdict(cfg)}
+              "sft_records": len(records), "sft_steps": sft_steps, "config": asdict(cfg)}
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     write_report(run_dir, report)
     return report
