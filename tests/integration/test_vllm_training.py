@@ -1,0 +1,36 @@
+"""Two GRPO steps against a real vLLM CPU server started by the recipe (issue: --inference vllm)."""
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.integration
+pytest.importorskip("vllm", reason="vLLM is not installed")
+
+from ludic.recipes.tictactoe import EvalTicTacToeConfig, TrainTicTacToeConfig, evaluate, train  # noqa: E402
+
+
+def test_grpo_steps_on_vllm_server_publish_adapters(tmp_path):
+    run = tmp_path / "run"
+    m = train(TrainTicTacToeConfig(
+        inference="vllm", run_dir=str(run), train_steps=2, group_size=4, rollouts_per_update=8,
+        max_completion_tokens=24, logger="none", checkpoint_every=0, lora_rank=8, concurrency=8,
+    ))
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2]
+    assert lines[-1]["policy_version"] == 2 and m["num_rollouts"] == 8
+    # each step's adapter was pushed to the server and tokens were tagged with the serving version
+    assert (run / "adapters").exists() and any((run / "adapters").iterdir())
+    rollouts = [json.loads(x) for x in (run / "rollouts.jsonl").read_text().splitlines()]
+    versions = {v for r in rollouts for s in r["steps"] for v in (s["trace"] or {}).get("policy_versions", [])}
+    assert versions <= {0, 1} and 1 in versions  # step 2's episodes were sampled by the adapter of step 1
+    assert (run / "vllm_server.log").exists()
+
+
+def test_eval_with_started_server(tmp_path):
+    out = tmp_path / "eval.jsonl"
+    metrics = evaluate(EvalTicTacToeConfig(inference="vllm", start_server=True, episodes=4, max_tokens=16,
+                                           out=str(out), opponent="random"))
+    assert metrics["parse_error_rate"] + metrics["win_rate"] + metrics["loss_rate"] + metrics["draw_rate"] \
+        + metrics["illegal_rate"] + metrics["truncated_rate"] == pytest.approx(1.0)
+    assert len(out.read_text().splitlines()) >= 4
