@@ -6,9 +6,9 @@ PYTHON ?= python3
 setup:
 	PYTHON=$(PYTHON) bash scripts/setup.sh
 
-# Main job: the tic-tac-toe recipe on the packaged SmolLM2-135M-Instruct.
+# Main job: the tic-tac-toe recipe (teacher data -> SFT -> GRPO -> eval + report) on the packaged model.
 train: setup
-	$(PYTHON) -m ludic train tictactoe $(ARGS)
+	$(PYTHON) -m ludic recipe tictactoe $(ARGS)
 
 # Full suite: unit, end-to-end (tiny model) and integration (real vLLM server, Redis, pyspiel).
 test: setup
