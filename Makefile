@@ -10,7 +10,7 @@ setup:
 train: setup
 	$(PYTHON) -m ludic recipe tictactoe $(ARGS)
 
-# Full suite: unit, end-to-end (tiny model) and integration (real vLLM server, Redis, pyspiel).
+# Full suite: unit, end-to-end (tiny model) and integration (a real vLLM CPU server).
 test: setup
 	$(PYTHON) -m pytest -q -ra
 
