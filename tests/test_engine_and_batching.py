@@ -126,3 +126,11 @@ def test_engine_shared_prefix_prefill_matches_single_prompts(tiny):
     for b, s in zip(batched, single):
         assert b.trace.completion_ids == s.trace.completion_ids
         assert max(abs(x - y) for x, y in zip(b.trace.logprobs, s.trace.logprobs)) < 1e-3
+
+
+def test_collate_rejects_an_item_without_prompt_tokens():
+    """Column P-1 = -1 would silently read the last (padding) position: refuse, naming the item."""
+    good = SAWItem((1, 2), (3,), 1.0)
+    bad = SAWItem((), (4, 5), 1.0, meta={"pair_id": 7})
+    with pytest.raises(ValueError, match=r"item 1 .*no prompt tokens.*pair_id"):
+        collate([good, bad], 0)

@@ -306,7 +306,7 @@ def test_label_smoothing_matches_trl_aot_on_one_pair(tiny_model_dir, tokenizer, 
 
 
 def _pairs_of_lengths(tok):
-    recs = [{"prompt": "p" * k, "chosen": "good " * (k + 1), "rejected": "bad " * (3 - k % 3)} for k in range(4)]
+    recs = [{"prompt": "p" * (k + 1), "chosen": "good " * (k + 1), "rejected": "bad " * (3 - k % 3)} for k in range(4)]
     return [it for i, r in enumerate(recs) for it in dpo_items(r, tok, chat=False, pair_id=i)]
 
 

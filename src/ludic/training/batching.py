@@ -102,6 +102,11 @@ def collate(items: Sequence[SAWItem], pad_id: int, device: torch.device | str = 
         input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
         attn[b, : len(seq)] = 1
         P, C = len(it.prompt_ids), len(it.completion_ids)
+        if P == 0 and C > 0:
+            raise ValueError(
+                f"item {b} of the micro-batch has no prompt tokens, so its first completion token has no "
+                f"context to be scored from; give it at least one prompt token (e.g. BOS) (meta={it.meta})"
+            )
         rows.extend([b] * C)
         cols.extend(range(P - 1, P + C - 1))
         targets.extend(it.completion_ids)
