@@ -34,3 +34,34 @@ def test_eval_with_started_server(tmp_path):
     assert metrics["parse_error_rate"] + metrics["win_rate"] + metrics["loss_rate"] + metrics["draw_rate"] \
         + metrics["illegal_rate"] + metrics["truncated_rate"] == pytest.approx(1.0)
     assert len(out.read_text().splitlines()) >= 4
+
+
+def test_eval_of_an_adapter_served_by_name(tmp_path):
+    """The seed's route: a server started with --lora-modules ttt_rl=<dir>, then eval --model ttt_rl."""
+    import httpx
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from ludic.inference.models import packaged_model_dir
+    from ludic.inference.vllm_backend import VLLMServerProcess
+
+    base = packaged_model_dir()
+    pm = get_peft_model(AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32),
+                        LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    adapter = tmp_path / "ttt_rl"
+    pm.save_pretrained(adapter)
+    server = VLLMServerProcess(str(base), port=0, log_path=tmp_path / "server.log",
+                               extra_args=["--enable-lora", "--max-lora-rank", "16",
+                                           "--lora-modules", f"ttt_rl={adapter}"]).start()
+    try:
+        served = [m["id"] for m in httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]]
+        assert "ttt_rl" in served
+        out = tmp_path / "eval.jsonl"
+        metrics = evaluate(EvalTicTacToeConfig(inference="vllm", model="ttt_rl", port=server.port, episodes=4,
+                                               max_tokens=16, out=str(out), opponent="minimax"))
+        assert sum(metrics[k] for k in ("parse_error_rate", "win_rate", "loss_rate", "draw_rate", "illegal_rate",
+                                        "truncated_rate")) == pytest.approx(1.0)
+        assert len(out.read_text().splitlines()) >= 4
+    finally:
+        server.stop()

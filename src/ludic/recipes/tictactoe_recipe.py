@@ -46,7 +46,7 @@ class RecipeConfig:
     """Fixed number of SFT steps (0: sft_epochs decides)."""
     sft_batch_size: int = 16
     sft_lr: float = 2e-4
-    grpo_steps: int = 6
+    grpo_steps: int = 4
     group_size: int = 8
     rollouts_per_update: int = 16
     grpo_lr: float = 2e-4
@@ -54,7 +54,7 @@ class RecipeConfig:
     opponent: str = "mixed"
     epsilon: float = 0.3
     max_completion_tokens: int = 32
-    eval_episodes: int = 100
+    eval_episodes: int = 60
     eval_base: bool = True
     micro_token_budget: int = 4096
     logger: str = "rich"
