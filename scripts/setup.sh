@@ -33,9 +33,10 @@ else
 fi
 stamp=".setup-stamp"
 want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$VLLM_EXTRA-$("$PY" -c 'import sys;print(sys.executable)')"
+# Up to date = same stamp, and the editable install points at this checkout (not at another clone).
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && \
-   "$PY" -c "import os, sys, ludic, torch, transformers, peft; sys.exit(not ludic.__file__.startswith(os.path.realpath('src')))" 2>/dev/null; then
-  # (the editable install must point at this checkout, not at another clone of the repo)
+   "$PY" -c "import os, sys, ludic, torch, transformers, peft
+sys.exit(not os.path.realpath(ludic.__file__).startswith(os.path.realpath('src') + os.sep))" 2>/dev/null; then
   echo "[setup] python packages up to date"
 else
   echo "[setup] installing python packages ($VLLM_EXTRA)"
