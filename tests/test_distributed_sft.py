@@ -26,7 +26,7 @@ def test_two_process_sft_matches_single_process(tiny_model_dir, tmp_path):
     data = tmp_path / "sft.jsonl"
     write_jsonl(data, _records())
     common = ["--model", str(tiny_model_dir), "--data", str(data), "--max-steps", "2", "--lr", "1e-3",
-              "--logger", "none", "--no-resume", "--lr-schedule", "constant"]
+              "--logger", "none", "--no-resume", "--lr-schedule", "constant", "--dtype", "float32"]
     _run([sys.executable, "-m", "ludic", "sft", *common, "--batch-size", "4", "--run-dir", str(tmp_path / "one")])
     _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29571",
           "-m", "ludic", "sft", *common, "--batch-size", "2", "--run-dir", str(tmp_path / "two")],
@@ -37,7 +37,10 @@ def test_two_process_sft_matches_single_process(tiny_model_dir, tmp_path):
     assert one.keys() == two.keys()
     changed = 0
     for k in one:
-        assert torch.allclose(one[k].float(), two[k].float(), atol=1e-5), k
+        # Adam divides by sqrt(v): where a gradient is ~0, summation-order noise (1e-9) can move one
+        # weight by a visible fraction of lr. So: every weight within 5% of one lr step, and on average ~equal.
+        diff = (one[k].float() - two[k].float()).abs()
+        assert diff.max() < 5e-5 and diff.mean() < 1e-7, (k, float(diff.max()), float(diff.mean()))
         changed += not torch.equal(one[k].float(), base[k].float())
     assert changed > 0
     logs = list((tmp_path / "two").glob("sft_training_logs_*.txt"))
