@@ -73,7 +73,7 @@ def bench_ludic(model_dir: str, steps: int, dtype: str) -> tuple[list[float], li
     from ludic.agents.agent import Agent
     from ludic.context import make_context
     from ludic.envs.prompt_env import register_reward
-    from ludic.inference.backends import EnginePublisher
+    from ludic.inference.publish import InProcessPublisher
     from ludic.inference.client import SamplingParams
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.interaction import SingleAgentProtocol
@@ -104,7 +104,7 @@ def bench_ludic(model_dir: str, steps: int, dtype: str) -> tuple[list[float], li
     algo = make_algorithm("grpo")
     source = RolloutBatchSource(RolloutEngine({"single_agent": factory}, concurrency=64), requests_fn,
                                 algo.credit, strategy=GRPORequestStrategy(8))
-    trainer = Trainer(model, algo, source, TrainerConfig(lr=1e-5), publisher=EnginePublisher(engine),
+    trainer = Trainer(model, algo, source, TrainerConfig(lr=1e-5), publisher=InProcessPublisher(engine),
                       pad_token_id=tok.pad_token_id)
     times, tokens = [], []
     for _ in range(steps + 1):

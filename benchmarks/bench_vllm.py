@@ -31,7 +31,7 @@ TOPICS = ["the sea", "mountains", "a cat", "coffee", "the moon", "trains", "autu
 
 
 def prompts(tokenizer: Any, n: int) -> list[tuple[int, ...]]:
-    from ludic.inference.chat_template import render_ids
+    from ludic.tokenization import render_ids
 
     kinds = ["Write a short poem about {}.", "Tell me three facts about {}.",
              "Describe {} in two sentences.", "Why do people like {}?"]

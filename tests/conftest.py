@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ludic.inference.client import ChatRequest, ChatResponse
-from ludic.inference.chat_template import render_ids
+from ludic.tokenization import render_ids
 from ludic.inference.models import cache_dir, make_tiny_model, packaged_model_dir
 from ludic.types import FinishReason, TokenTrace
 

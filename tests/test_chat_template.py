@@ -1,4 +1,4 @@
-from ludic.inference.chat_template import extend_ids, render_ids
+from ludic.tokenization import extend_ids, render_ids
 from ludic.types import FinishReason
 
 

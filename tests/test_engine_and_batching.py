@@ -5,7 +5,7 @@ import asyncio
 import pytest
 import torch
 
-from ludic.inference.chat_template import render_ids
+from ludic.tokenization import render_ids
 from ludic.inference.client import ChatRequest, SamplingParams
 from ludic.inference.models import load_model, load_tokenizer
 from ludic.inference.transformers_engine import TransformersEngine

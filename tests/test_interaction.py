@@ -3,7 +3,7 @@
 from ludic.agents.agent import Agent
 from ludic.context import FullDialog, TruncatedThinkingContext
 from ludic.envs.tictactoe import TicTacToeEnv, TicTacToeGame
-from ludic.inference.chat_template import render_ids
+from ludic.tokenization import render_ids
 from ludic.interaction import MultiAgentProtocol, SingleAgentProtocol
 from ludic.parsers import think_move_parser
 from ludic.types import FinishReason

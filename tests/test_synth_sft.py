@@ -16,7 +16,7 @@ from ludic.data.synth import (
     teacher_records,
 )
 from ludic.envs import tictactoe as ttt
-from ludic.inference.chat_template import render_ids
+from ludic.tokenization import render_ids
 from ludic.types import Rollout, Step
 
 

@@ -9,7 +9,7 @@ from ludic.agents.agent import Agent
 from ludic.context import FullDialog
 from ludic.envs.base import SingleAgentEnv
 from ludic.envs.registry import register_env
-from ludic.inference.backends import EnginePublisher
+from ludic.inference.publish import InProcessPublisher
 from ludic.inference.client import SamplingParams
 from ludic.inference.transformers_engine import TransformersEngine
 from ludic.interaction import SingleAgentProtocol
@@ -78,7 +78,7 @@ def _grpo_setup(model_dir, run_dir, steps=2):
         strategy=GRPORequestStrategy(4, seed=0),
     )
     trainer = Trainer(model, algo, source, TrainerConfig(lr=5e-2, checkpoint_every=steps, max_to_keep=3),
-                      publisher=EnginePublisher(engine), checkpoint_dir=run_dir / "ckpt", tokenizer=tok,
+                      publisher=InProcessPublisher(engine), checkpoint_dir=run_dir / "ckpt", tokenizer=tok,
                       pad_token_id=tok.pad_token_id)
     return model, engine, trainer
 

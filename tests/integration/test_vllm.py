@@ -23,11 +23,11 @@ pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'ludic[vl
 import httpx  # noqa: E402
 import torch  # noqa: E402
 
-from ludic.inference.chat_template import render_ids  # noqa: E402
+from ludic.tokenization import render_ids  # noqa: E402
 from ludic.inference.client import ChatRequest, SamplingParams  # noqa: E402
 from ludic.inference.models import load_tokenizer, packaged_model_dir, resolve_dtype  # noqa: E402
 from ludic.inference.publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher  # noqa: E402
-from ludic.inference.vllm_backend import VLLMServerProcess, free_port  # noqa: E402
+from ludic.inference.vllm_launcher import VLLMServerProcess, free_port  # noqa: E402
 from ludic.inference.vllm_client import PolicyVersionError, VLLMChatClient  # noqa: E402
 from ludic.types import FinishReason  # noqa: E402
 

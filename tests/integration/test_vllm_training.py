@@ -44,7 +44,7 @@ def test_eval_of_an_adapter_served_by_name(tmp_path):
     from transformers import AutoModelForCausalLM
 
     from ludic.inference.models import packaged_model_dir
-    from ludic.inference.vllm_backend import VLLMServerProcess
+    from ludic.inference.vllm_launcher import VLLMServerProcess
 
     base = packaged_model_dir()
     pm = get_peft_model(AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.float32),

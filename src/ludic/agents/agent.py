@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ludic.context import ContextStrategy, FullDialog
-from ludic.inference.chat_template import encode_raw, extend_ids, render_ids
+from ludic.tokenization import encode_raw, extend_ids, render_ids
 from ludic.inference.client import ChatClient, ChatRequest, ChatResponse, SamplingParams
 from ludic.parsers import ParseResult, Parser, identity_parser
 from ludic.types import FinishReason, TokenTrace

@@ -20,7 +20,7 @@ import random
 from typing import Any, Sequence
 
 from ludic.data.jsonl import DatasetError, read_jsonl
-from ludic.inference.chat_template import encode, encode_raw, render_ids
+from ludic.tokenization import encode, encode_raw, render_ids
 from ludic.types import SAWBatch, SAWItem
 
 

@@ -12,7 +12,7 @@ _LAZY = {
     "TransformersEngine": "ludic.inference.transformers_engine",
     "VLLMChatClient": "ludic.inference.vllm_client",
     "VLLMEngineClient": "ludic.inference.vllm_engine",
-    "VLLMServerProcess": "ludic.inference.vllm_backend",
+    "VLLMServerProcess": "ludic.inference.vllm_launcher",
     "WeightPublisher": "ludic.inference.publish",
     "VLLMAdapterPublisher": "ludic.inference.publish",
     "VLLMFullWeightsPublisher": "ludic.inference.publish",

@@ -167,3 +167,21 @@ def make_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int =
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out
+
+
+def is_peft(model: Any) -> bool:
+    """True for a peft-wrapped model (LoRA): it has adapters and a base model."""
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def unwrap(model: Any) -> Any:
+    """Strip DDP / torch.compile wrappers."""
+    import torch
+
+    while True:
+        if hasattr(model, "module") and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model

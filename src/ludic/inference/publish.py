@@ -39,6 +39,9 @@ from urllib.parse import urlparse
 
 import torch
 
+from ludic.distributed import is_rank0
+from ludic.inference.models import is_peft, unwrap
+
 TOKEN_ENV = "LUDIC_SERVER_TOKEN"
 
 
@@ -49,12 +52,6 @@ class PublishError(RuntimeError):
 @runtime_checkable
 class WeightPublisher(Protocol):
     def publish(self, model: Any, version: int) -> dict[str, Any]: ...
-
-
-def is_rank0() -> bool:
-    """True unless torch.distributed is initialised and this is not rank 0."""
-    dist = torch.distributed
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
 class rank0_only:  # noqa: N801 - reads as a decorator-like wrapper
@@ -70,21 +67,6 @@ class rank0_only:  # noqa: N801 - reads as a decorator-like wrapper
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def unwrap(model: Any) -> Any:
-    """Strip DDP / torch.compile wrappers."""
-    while True:
-        if hasattr(model, "module") and isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
-
-
-def is_peft(model: Any) -> bool:
-    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
 
 
 def _clean_name(name: str) -> str:
@@ -446,9 +428,16 @@ class InProcessPublisher:
             raise ValueError(f"mode must be 'adapter' or 'full', got {mode!r}")
         self.engine = engine
         self.mode = mode
-        self.out_dir = Path(out_dir or tempfile.mkdtemp(prefix="ludic-inproc-")).resolve()
+        self._out_dir = Path(out_dir).resolve() if out_dir else None
         self.every_n_steps = every_n_steps
         self.keep_last = keep_last
+
+    @property
+    def out_dir(self) -> Path:
+        """Where adapter / weight folders go (a temp folder, made on first use, unless given)."""
+        if self._out_dir is None:
+            self._out_dir = Path(tempfile.mkdtemp(prefix="ludic-inproc-")).resolve()
+        return self._out_dir
 
     def publish(self, model: Any, version: int) -> dict[str, Any]:
         if not is_rank0():

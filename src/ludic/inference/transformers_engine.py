@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ludic.inference.chat_template import common_prefix_len, render_ids
+from ludic.tokenization import MIN_SHARED_PREFIX, common_prefix_len, render_ids
 from ludic.inference.client import ChatRequest, ChatResponse, SamplingParams
 from ludic.types import FinishReason, TokenTrace
 
@@ -214,9 +214,6 @@ class TransformersEngine:
             )
             results.append(ChatResponse(text=text, trace=trace, info={"batch_size": B}))
         return results
-
-
-MIN_SHARED_PREFIX = 16
 
 
 def _stop_token_ids(model: Any, tokenizer: Any) -> set[int]:

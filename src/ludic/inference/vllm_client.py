@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from ludic.inference.chat_template import render_ids
+from ludic.tokenization import render_ids
 from ludic.inference.client import ChatRequest, ChatResponse
 from ludic.types import FinishReason, TokenTrace
 

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ludic.inference.chat_template import render_ids
+from ludic.tokenization import render_ids
 from ludic.inference.client import ChatRequest, ChatResponse, SamplingParams
 from ludic.types import FinishReason, TokenTrace
 

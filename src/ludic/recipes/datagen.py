@@ -79,7 +79,7 @@ def datagen(cfg: DatagenConfig) -> dict[str, Any]:
 
 async def _rejection_sample(cfg: DatagenConfig, keep: tuple[str, ...]) -> tuple[list[dict], int]:
     from ludic.data.synth import filter_rollouts, keep_results, rollouts_to_records
-    from ludic.inference.backends import make_eval_client
+    from ludic.recipes.backends import make_eval_client
     from ludic.recipes.tictactoe import SYSTEM_PROMPT, make_protocol_factory
     from ludic.rollouts.engine import RolloutEngine
     from ludic.types import EnvSpec, RolloutRequest

@@ -115,7 +115,7 @@ async def _dpo(cfg: DPOTrainConfig) -> dict[str, Any]:
     from ludic.config import dump_config
     from ludic.data.text_logs import TextLogLogger
     from ludic.recipes.tictactoe import default_run_dir
-    from ludic.training.distributed import broadcast_object, init_distributed, shutdown_distributed
+    from ludic.distributed import broadcast_object, init_distributed, shutdown_distributed
     from ludic.training.dpo import DPOLossConfig
     from ludic.training.loggers import MultiLogger, make_logger
     from ludic.training.lora import LoraSettings, load_policy
@@ -162,7 +162,7 @@ async def dpo_stage(
     """
     from ludic.rollouts.credit import ConstantCredit
     from ludic.training.algorithms import Algorithm
-    from ludic.training.distributed import init_distributed
+    from ludic.distributed import init_distributed
     from ludic.training.dpo import DPOLossConfig, PairBatchSource, make_dpo_objective
     from ludic.training.losses import LossConfig
     from ludic.training.trainer import Trainer, TrainerConfig

@@ -76,7 +76,7 @@ async def _train_prompts(cfg: TrainPromptsConfig) -> dict[str, Any]:
     from ludic.context import make_context
     from ludic.data.jsonl import read_jsonl
     from ludic.data.text_logs import TextLogLogger
-    from ludic.inference.backends import EnginePublisher
+    from ludic.inference.publish import InProcessPublisher
     from ludic.inference.client import SamplingParams
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.interaction import SingleAgentProtocol
@@ -131,7 +131,7 @@ async def _train_prompts(cfg: TrainPromptsConfig) -> dict[str, Any]:
         TrainerConfig(lr=cfg.lr, micro_token_budget=cfg.micro_token_budget, max_seq_len=cfg.max_seq_len,
                       max_completion_tokens=cfg.max_completion_tokens, total_steps=cfg.train_steps,
                       checkpoint_every=cfg.checkpoint_every),
-        publisher=EnginePublisher(engine), logger=logger, checkpoint_dir=run_dir / "checkpoints",
+        publisher=InProcessPublisher(engine), logger=logger, checkpoint_dir=run_dir / "checkpoints",
         tokenizer=tok, pad_token_id=tok.pad_token_id,
     )
     if cfg.resume:

@@ -66,7 +66,7 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
     from ludic.data.offline import load_sft_items
     from ludic.data.text_logs import TextLogLogger
     from ludic.recipes.tictactoe import default_run_dir
-    from ludic.training.distributed import broadcast_object, init_distributed, shutdown_distributed
+    from ludic.distributed import broadcast_object, init_distributed, shutdown_distributed
     from ludic.training.loggers import MultiLogger, make_logger
     from ludic.training.lora import LoraSettings, load_policy
 
@@ -97,7 +97,7 @@ async def sft_stage(
     """Run ``steps`` SFT optimizer steps on ``items`` (sharded over ranks); save to ``run_dir/final``."""
     from ludic.data.offline import OfflineBatchSource
     from ludic.training.algorithms import make_sft
-    from ludic.training.distributed import init_distributed
+    from ludic.distributed import init_distributed
     from ludic.training.trainer import Trainer, TrainerConfig
 
     rank, world = init_distributed()

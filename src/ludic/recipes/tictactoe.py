@@ -186,7 +186,7 @@ def train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
 
 
 async def _train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
-    from ludic.inference.backends import make_inference
+    from ludic.recipes.backends import make_inference
     from ludic.training.loggers import make_logger
     from ludic.training.lora import LoraSettings, load_policy
 
@@ -314,7 +314,7 @@ def evaluate(cfg: EvalTicTacToeConfig) -> dict[str, float]:
 
 
 async def _evaluate(cfg: EvalTicTacToeConfig) -> dict[str, float]:
-    from ludic.inference.backends import make_eval_client
+    from ludic.recipes.backends import make_eval_client
 
     client, close = await make_eval_client(cfg)
     try:

@@ -70,7 +70,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.config import dump_config
     from ludic.data.offline import sft_item
     from ludic.data.synth import teacher_position_records, teacher_records
-    from ludic.inference.backends import EnginePublisher, Inference, _noop
+    from ludic.recipes.backends import in_process
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.recipes.sft import SFTConfig, sft_stage
     from ludic.recipes.tictactoe import (
@@ -148,7 +148,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     grpo_dir = run_dir / "grpo"
     grpo_dir.mkdir(parents=True, exist_ok=True)
     grpo_logger = make_logger(cfg.logger, grpo_dir, asdict(grpo_cfg), total_steps=cfg.grpo_steps)
-    await grpo_stage(grpo_cfg, model, tok, Inference(engine, EnginePublisher(engine), _noop), grpo_dir, grpo_logger)
+    await grpo_stage(grpo_cfg, model, tok, in_process(engine), grpo_dir, grpo_logger)
     grpo_logger.close()
     times["grpo"] = time.perf_counter() - t0
     await evaluate("grpo")

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from ludic.inference.chat_template import common_prefix_len
+from ludic.tokenization import MIN_SHARED_PREFIX, common_prefix_len
 from ludic.types import SAWItem
 
 
@@ -131,10 +131,6 @@ def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
     if type(base).__name__.startswith("FSDP"):
         return None  # FSDP2 root hooks must run: use the full forward
     return base.get_decoder(), base.get_output_embeddings()
-
-
-MIN_SHARED_PREFIX = 16
-"""Shortest common prompt prefix worth computing once per micro-batch."""
 
 
 def shared_prefix_len(items: Sequence[SAWItem]) -> int:

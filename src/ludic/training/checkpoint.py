@@ -22,9 +22,7 @@ from typing import Any
 
 import torch
 
-
-def is_peft(model: Any) -> bool:
-    return hasattr(model, "peft_config")
+from ludic.inference.models import is_peft
 
 
 def save_checkpoint(

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from ludic.data.jsonl import read_jsonl
 from ludic.data.offline import OfflineBatchSource, prompt_ids_for
-from ludic.inference.chat_template import encode, render_ids
+from ludic.tokenization import encode, render_ids
 from ludic.training.batching import MicroBatch, score_actions
 from ludic.types import SAWBatch, SAWItem
 

@@ -25,6 +25,7 @@ from typing import Any, Awaitable, Callable
 
 import torch
 
+from ludic.distributed import is_distributed, is_rank0
 from ludic.rollouts.batch import BatchSource
 from ludic.training.algorithms import Algorithm
 from ludic.training.batching import (
@@ -260,7 +261,7 @@ class Trainer:
             dtype=torch.float64,
         )
         longest = float(max((len(it.completion_ids) for it in items), default=1))
-        if _distributed():
+        if is_distributed():
             import torch.distributed as dist
 
             dist.all_reduce(local)
@@ -286,7 +287,7 @@ class Trainer:
                 return score_actions(self.model, mb)[0]
 
     def _all_reduce_grads(self) -> None:
-        if not _distributed() or type(self.model).__name__.startswith("FSDP"):
+        if not is_distributed() or type(self.model).__name__.startswith("FSDP"):
             return
         import torch.distributed as dist
 
@@ -314,7 +315,7 @@ class Trainer:
                     await res  # type: ignore[misc]
 
     def save(self) -> Path | None:
-        if self.checkpoint_dir is None or not _is_rank0():
+        if self.checkpoint_dir is None or not is_rank0():
             return None
         state = {"policy_version": self.policy_version, "algorithm": self.algorithm.name,
                  "trainer_config": asdict(self.cfg)}
@@ -341,11 +342,3 @@ class Trainer:
         if self.publisher is not None:
             self.publisher.publish(self.model, self.policy_version)
         return True
-
-
-def _distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-def _is_rank0() -> bool:
-    return not _distributed() or torch.distributed.get_rank() == 0

@@ -1,4 +1,5 @@
-"""Process-group set-up for ``torchrun``: gloo on CPU, NCCL on GPUs.
+"""Process groups, in one neutral place: set-up for ``torchrun`` (gloo on CPU, NCCL on GPUs)
+and the rank checks the trainer, checkpoints and weight publishers share.
 
 Data parallelism in Ludic is plain: every rank computes gradients on its own
 shard with whole-batch normalisers, and the trainer all-reduces (sums) the
@@ -10,6 +11,16 @@ from __future__ import annotations
 import os
 
 import torch
+
+
+def is_distributed() -> bool:
+    """True when torch.distributed is initialised (launched by torchrun)."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def is_rank0() -> bool:
+    """True unless torch.distributed is initialised and this is not rank 0."""
+    return not is_distributed() or torch.distributed.get_rank() == 0
 
 
 def init_distributed() -> tuple[int, int]:

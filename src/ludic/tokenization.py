@@ -1,4 +1,9 @@
-"""Chat templates as token ids, and token-in prompt extension for multi-turn play.
+"""Tokenisation, in one neutral place: chat templates as ids, token-in prompt extension,
+shared prompt prefixes.
+
+Inference (prompt ids for the sampler), training (shared-prefix scoring) and data (SFT /
+DPO datasets) all import this module; it imports nothing from them, only ``ludic.types``.
+
 
 ``render_ids`` applies a tokenizer's chat template. ``extend_ids`` builds the
 next turn's prompt by appending to the exact ids of the previous prompt and
@@ -77,6 +82,10 @@ def extend_ids(
             closing = closing[len(last):]
     glue = closing + text_b[len(text_a):]
     return list(prev_ids) + list(completion_ids) + encode(tokenizer, glue)
+
+
+MIN_SHARED_PREFIX = 16
+"""Shortest common prompt prefix worth computing once per batch (generation and scoring)."""
 
 
 def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:

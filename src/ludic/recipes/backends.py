@@ -1,4 +1,9 @@
-"""Running recipes on vLLM: start/stop the bundled server, build client + publisher.
+"""Choosing an inference backend for a recipe: in-process transformers or vLLM.
+
+``make_inference`` returns the client the agents call and the publisher the
+trainer calls after each optimizer step, so recipes do not care which
+backend serves the policy. This is recipe wiring: it lives here, not in
+``ludic.inference``, so serving code never imports training code.
 
     ludic train tictactoe --inference vllm              starts a server for the run
     ludic train tictactoe --inference vllm --port 8000  uses a running server
@@ -12,105 +17,70 @@ Training with LoRA publishes the adapter after every optimizer step
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from ludic.inference.client import ChatClient
 
-STARTUP_TIMEOUT_S = 300
+
+@dataclass
+class Inference:
+    """What a recipe needs from a backend."""
+
+    client: ChatClient
+    """What agents call."""
+    publisher: Any
+    """What the trainer calls after an optimizer step (``publish(model, version)``)."""
+    close: Callable[[], Awaitable[None]]
+    """Stops what the backend started (servers, HTTP sessions)."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+async def _noop() -> None:
+    return None
 
 
-class VLLMServerProcess:
-    """``python -m ludic.inference.vllm_server`` as a subprocess in its own process group.
+def in_process(engine: Any) -> Inference:
+    """An in-process engine (TransformersEngine sharing the trainer's model, or VLLMEngineClient)."""
+    from ludic.inference.publish import InProcessPublisher
 
-    Args:
-        model: model folder or name (resolved like everywhere else in Ludic).
-        port: 0 picks a free port.
-        extra_args: more server flags (vLLM's or Ludic's), e.g. ``["--enable-lora"]``.
-        dtype: "auto" is float32 on CPUs without native bf16 (vLLM is ~5x faster there in fp32).
-    """
+    return Inference(engine, InProcessPublisher(engine), _noop)
 
-    def __init__(
-        self,
-        model: str,
-        *,
-        port: int = 0,
-        host: str = "127.0.0.1",
-        dtype: str = "auto",
-        extra_args: list[str] | None = None,
-        token: str | None = None,
-        log_path: str | Path | None = None,
-        max_model_len: int = 2048,
-    ) -> None:
-        from ludic.inference.models import resolve_dtype, resolve_model
 
-        self.port = port or free_port()
-        self.cmd = [
-            sys.executable, "-m", "ludic.inference.vllm_server", "--model", resolve_model(model),
-            "--host", host, "--port", str(self.port), "--enforce-eager", "--dtype", resolve_dtype(dtype),
-            "--max-model-len", str(max_model_len), "--uvicorn-log-level", "warning", *(extra_args or []),
-        ]
-        if token:
-            self.cmd += ["--ludic-token", token]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(log_path) if log_path else Path(f"/tmp/ludic-vllm-{self.port}.log")
-        self.proc: subprocess.Popen | None = None
+async def make_inference(
+    kind: str, model: Any, tokenizer: Any, model_name: str, run_dir: Path, *, host: str = "127.0.0.1", port: int = 0
+) -> Inference:
+    """Backend for a training run on ``model`` (which the trainer updates)."""
+    if kind == "transformers":
+        from ludic.inference.transformers_engine import TransformersEngine
 
-    def start(self, timeout_s: float = STARTUP_TIMEOUT_S) -> "VLLMServerProcess":
-        import httpx
+        return in_process(TransformersEngine(model, tokenizer))
+    if kind == "vllm":
+        return await make_vllm_training_inference(model, tokenizer, model_name, run_dir, host=host, port=port)
+    raise ValueError(f"unknown inference backend {kind!r}: use transformers or vllm")
 
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited with {self.proc.returncode}; log {self.log_path}:\n"
-                                   + self.log_path.read_text()[-3000:])
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-        self.stop()
-        raise TimeoutError(f"vLLM server not healthy after {timeout_s}s; log: {self.log_path}")
 
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        pgid = os.getpgid(self.proc.pid)
-        os.killpg(pgid, signal.SIGTERM)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(pgid, signal.SIGKILL)
-            self.proc.wait(10)
-        try:  # stragglers (engine core, worker) in the same group
-            os.killpg(pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+async def make_eval_client(cfg: Any) -> tuple[ChatClient, Callable[[], Awaitable[None]]]:
+    """Client for evaluation: a local model (+ adapter) or a vLLM server."""
+    if cfg.inference == "transformers":
+        from ludic.inference.transformers_engine import TransformersEngine
+        from ludic.training.lora import load_policy
+
+        model, tok = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+        model.eval()
+        return TransformersEngine(model, tok), _noop
+    if cfg.inference == "vllm":
+        return await make_vllm_eval_client(cfg)
+    raise ValueError(f"unknown inference backend {cfg.inference!r}: use transformers or vllm")
 
 
 async def make_vllm_training_inference(
     model: Any, tokenizer: Any, model_name: str, run_dir: Path, *, host: str = "127.0.0.1", port: int = 0
 ) -> Any:
     """Client + publisher for training on a vLLM server (started here when ``port`` is 0)."""
-    from ludic.inference.backends import Inference
     from ludic.inference.publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher
     from ludic.inference.vllm_client import VLLMChatClient
+    from ludic.inference.vllm_launcher import VLLMServerProcess
 
     peft = hasattr(model, "peft_config")
     server = None
@@ -141,6 +111,7 @@ async def make_vllm_eval_client(cfg: Any) -> tuple[ChatClient, Callable[[], Awai
     """Client for evaluation against a vLLM server (``cfg.start_server`` starts one)."""
     from ludic.inference.models import PACKAGED_ALIASES, load_tokenizer
     from ludic.inference.vllm_client import VLLMChatClient
+    from ludic.inference.vllm_launcher import VLLMServerProcess
 
     server = None
     served_name: str | None = None
