@@ -1,6 +1,6 @@
 import pytest
 
-from ludic.rollouts.batch import build_saw_items, drop_zero_weight
+from ludic.rollouts.batch import RolloutBatchSource, build_saw_items, drop_zero_weight
 from ludic.rollouts.credit import (
     ConstantCredit,
     EpisodicReturn,
@@ -10,7 +10,7 @@ from ludic.rollouts.credit import (
     group_advantages,
     make_credit,
 )
-from ludic.rollouts.engine import GRPORequestStrategy
+from ludic.rollouts.engine import GRPORequestStrategy, IdentityStrategy, RolloutEngine
 from ludic.types import EnvSpec, Rollout, RolloutRequest, Step, TokenTrace
 
 
@@ -50,7 +50,7 @@ def test_group_advantages_by_hand():
 def test_group_normalized_return_groups_by_id_and_seat():
     a, b = _rollout([1.0, 0.0], "g1"), _rollout([0.0], "g1")
     c, d = _rollout([1.0], "g1", agent="O"), _rollout([-1.0], "g1", agent="O")
-    solo = _rollout([3.0])
+    solo = _rollout([3.0], "g2")  # a group whose other members failed: advantage 0, not an error
     w = GroupNormalizedReturn("mean").compute([a, b, c, d, solo])
     assert w[(a.id, 0)] == w[(a.id, 1)] == 0.5 and w[(b.id, 0)] == -0.5
     assert w[(c.id, 0)] == 1.0 and w[(d.id, 0)] == -1.0
@@ -82,3 +82,14 @@ def test_grpo_strategy_shares_env_seed_and_varies_sampling_seed():
 def test_make_credit_rejects_unknown():
     with pytest.raises(ValueError, match="unknown credit assigner 'x'"):
         make_credit("x")
+
+
+def test_group_credit_without_groups_is_an_error_not_silent_zero_gradients():
+    """Rollouts without a group id would each be a group of one: advantage 0, no gradient, no warning."""
+    with pytest.raises(ValueError, match="group_id"):
+        GroupNormalizedReturn().compute([_rollout([1.0]), _rollout([0.0])])
+    with pytest.raises(ValueError, match="GRPORequestStrategy"):
+        RolloutBatchSource(RolloutEngine({}), lambda: [], GroupNormalizedReturn())
+    # an explicit strategy (requests that carry their own group ids) is the user's call
+    RolloutBatchSource(RolloutEngine({}), lambda: [], GroupNormalizedReturn(), strategy=IdentityStrategy())
+    RolloutBatchSource(RolloutEngine({}), lambda: [], GroupNormalizedReturn(), strategy=GRPORequestStrategy(2))
