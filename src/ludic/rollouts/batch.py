@@ -93,6 +93,12 @@ class RolloutBatchSource:
         sample_filter: SampleFilter | None = None,
         metrics_fn: Callable[[Sequence[Rollout]], dict[str, Any]] | None = None,
     ) -> None:
+        if strategy is None and getattr(credit, "needs_groups", False):
+            raise ValueError(
+                f"{type(credit).__name__} compares rollouts within groups, but no request strategy makes "
+                "groups: pass strategy=GRPORequestStrategy(group_size) (or strategy=IdentityStrategy() if "
+                "your requests carry their own group ids)"
+            )
         self.engine = engine
         self.requests_fn = requests_fn
         self.credit = credit

@@ -99,7 +99,9 @@ class GroupNormalizedReturn:
     Groups are rollouts sharing ``meta["group_id"]`` and ``meta["agent_id"]``
     (so in self-play each seat is normalised with itself). Groups may have
     any size: a failed episode shrinks its group instead of breaking the batch.
-    Every step of a rollout gets the rollout's advantage.
+    Every step of a rollout gets the rollout's advantage. A rollout without a
+    group id is an error: alone in its group it would get advantage 0, i.e. a
+    silent zero gradient (use ``GRPORequestStrategy`` to make groups).
 
     Args:
         mode: "mean", "mean_std" (GRPO's default scaling) or "loo" (RLOO).
@@ -109,13 +111,20 @@ class GroupNormalizedReturn:
     mode: str = "mean_std"
     positive_only: bool = False
     eps: float = 1e-6
+    needs_groups = True
+    """Batch sources check this: rollouts must come in groups (GRPORequestStrategy)."""
 
     def compute(self, rollouts: Sequence[Rollout]) -> dict[StepKey, float]:
         groups: dict[tuple, list[Rollout]] = defaultdict(list)
         for r in rollouts:
             gid = r.meta.get("group_id")
-            key = (gid, r.meta.get("agent_id")) if gid is not None else ("__single__", r.id)
-            groups[key].append(r)
+            if gid is None:
+                raise ValueError(
+                    f"GroupNormalizedReturn: rollout {r.id} has no group_id, so its advantage would be 0 "
+                    "(a silent zero gradient). Expand requests with GRPORequestStrategy(group_size), or give "
+                    "RolloutRequests a group_id, or use a credit that needs no groups (mc_return, episodic)."
+                )
+            groups[(gid, r.meta.get("agent_id"))].append(r)
         out: dict[StepKey, float] = {}
         for members in groups.values():
             advs = group_advantages([r.total_reward for r in members], self.mode, self.eps)
