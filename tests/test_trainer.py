@@ -126,3 +126,36 @@ def test_kl_needs_a_reference_for_full_finetuning(tiny_model_dir):
     trainer = Trainer(model, make_algorithm("grpo", kl_coef=0.1), FixedSource(items), pad_token_id=tok.pad_token_id)
     with pytest.raises(ValueError, match="ref_model"):
         trainer.optimize(items)
+
+
+class RecordingPublisher:
+    def __init__(self):
+        self.versions = []
+
+    def publish(self, model, version):
+        self.versions.append(version)
+        return {}
+
+
+def test_items_longer_than_max_seq_len_are_counted_not_silently_dropped(tiny_model_dir):
+    model, tok = load_policy(str(tiny_model_dir), dtype="float32")
+    fits = SAWItem((5, 6, 7), (8, 9), 1.0)
+    cut = SAWItem((5, 6, 7, 8), (9, 10, 11, 12), 1.0)       # 8 tokens: the completion loses 2
+    too_long = SAWItem(tuple(range(5, 15)), (20, 21), 1.0)   # the prompt alone exceeds 6 tokens
+    trainer = Trainer(model, make_sft(), FixedSource([fits, cut, too_long]), TrainerConfig(max_seq_len=6),
+                      pad_token_id=tok.pad_token_id)
+    m = asyncio.run(trainer.train_step())
+    assert m["seq_truncated"] == 1 and m["seq_dropped"] == 1 and m["num_items"] == 2
+
+
+def test_empty_steps_do_not_advance_schedule_version_or_publish_and_stop_the_run(tiny_model_dir):
+    model, tok = load_policy(str(tiny_model_dir), dtype="float32")
+    pub = RecordingPublisher()
+    trainer = Trainer(model, make_sft(), FixedSource([]), TrainerConfig(lr_schedule="linear", total_steps=10,
+                      max_empty_steps=3), publisher=pub, pad_token_id=tok.pad_token_id)
+    lr0 = trainer.scheduler.get_last_lr()[0]
+    m = asyncio.run(trainer.train_step())
+    assert m["empty_batch"] and trainer.step == 0 and trainer.policy_version == 0
+    assert trainer.scheduler.get_last_lr()[0] == lr0 and pub.versions == []
+    with pytest.raises(RuntimeError, match="3 empty batches in a row"):
+        asyncio.run(trainer.train(5))
