@@ -92,6 +92,8 @@ class TrainerConfig:
     checkpoint_every: int = 0
     """Save every N steps (0: only on request / final save)."""
     max_to_keep: int = 2
+    max_empty_steps: int = 5
+    """Stop the run after this many batches in a row with no trainable item on any rank."""
 
 
 class Trainer:
@@ -143,6 +145,8 @@ class Trainer:
         self.group_key = group_key
         self.step = 0
         self.policy_version = 0
+        self.empty_streak = 0
+        """Batches in a row that had no trainable item on any rank."""
         self.device = next(model.parameters()).device
         if self.cfg.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -170,14 +174,26 @@ class Trainer:
 
     # -- one optimizer step ---------------------------------------------------
     async def train_step(self) -> dict[str, Any]:
+        """Pull one batch and take one optimizer step on it.
+
+        A batch with no trainable item on any rank (every rollout failed, every
+        item stale or too long) is not a step: the step counter, LR schedule,
+        policy version and publish stay put, ``empty_batch`` is logged, and
+        ``max_empty_steps`` such batches in a row stop the run with an error.
+        """
         t0 = time.perf_counter()
         batch = await self.source.next_batch()
         t_data = time.perf_counter() - t0
-        items, dropped_stale = self._admit(batch.items)
+        items, admitted = self._admit(batch.items)
         metrics: dict[str, Any] = {
             k: v for k, v in batch.meta.items() if isinstance(v, (int, float, bool))
         }
+        metrics.update(admitted, data_s=t_data)
+        if self._global_sum(len(items)) == 0:
+            return self._empty_step(metrics)
+        self.empty_streak = 0
         metrics.update(self.optimize(items))
+        self.scheduler.step()
         self.step += 1
         self.policy_version += 1
         if self.publisher is not None and self.step % self.cfg.publish_every == 0:
@@ -185,25 +201,47 @@ class Trainer:
             metrics.update({f"publish_{k}": v for k, v in pub.items()})
         if self.checkpoint_dir and self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0:
             self.save()
-        metrics.update(
-            step_s=time.perf_counter() - t0, data_s=t_data, stale_dropped=dropped_stale,
-            policy_version=self.policy_version,
-        )
+        metrics.update(step_s=time.perf_counter() - t0, policy_version=self.policy_version)
         if self.logger is not None:
             self.logger.log(self.step, metrics)
         return metrics
 
-    def _admit(self, items: list[SAWItem]) -> tuple[list[SAWItem], int]:
-        kept, stale = [], 0
+    def _empty_step(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        self.empty_streak += 1
+        metrics.update(empty_batch=True, empty_streak=self.empty_streak, policy_version=self.policy_version)
+        if self.logger is not None:
+            self.logger.log(self.step, metrics)
+        if self.empty_streak >= self.cfg.max_empty_steps:
+            raise RuntimeError(
+                f"{self.empty_streak} empty batches in a row (no trainable item on any rank; last batch: "
+                f"{ {k: metrics[k] for k in ('num_rollouts', 'failed_rate', 'stale_dropped', 'seq_dropped') if k in metrics} }). "
+                "Check rollouts.jsonl for failed episodes, max_lag, max_seq_len; max_empty_steps sets the limit."
+            )
+        return metrics
+
+    def _admit(self, items: list[SAWItem]) -> tuple[list[SAWItem], dict[str, int]]:
+        """Drop stale items (``max_lag``) and cut long ones to ``max_seq_len``; count both."""
+        kept, stale, cut_n, dropped = [], 0, 0, 0
         for it in items:
             v = it.min_policy_version
             if self.cfg.max_lag is not None and v is not None and self.policy_version - v > self.cfg.max_lag:
                 stale += 1
                 continue
             cut = truncate_item(it, self.cfg.max_seq_len)
-            if cut is not None:
+            if cut is None:
+                dropped += 1
+            else:
+                cut_n += cut is not it
                 kept.append(cut)
-        return kept, stale
+        return kept, {"stale_dropped": stale, "seq_truncated": cut_n, "seq_dropped": dropped}
+
+    def _global_sum(self, n: float) -> float:
+        """``n`` summed over ranks (every rank must call this)."""
+        if not is_distributed():
+            return n
+        t = torch.tensor([float(n)], dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        return float(t)
 
     def optimize(self, items: list[SAWItem]) -> dict[str, Any]:
         """Gradient step on ``items`` (synchronous); returns metrics."""
@@ -235,7 +273,6 @@ class Trainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]
-        self.scheduler.step()
         dt = time.perf_counter() - t0
         metrics.update(sums)
         metrics.update({k: v / max(n_tok, 1) for k, v in tok_weighted.items()})
