@@ -7,12 +7,27 @@ import os
 import pytest
 import torch
 
+from ludic.envs.base import SingleAgentEnv
+from ludic.envs.registry import register_env
 from ludic.inference.client import ChatRequest, ChatResponse
 from ludic.tokenization import render_ids
 from ludic.inference.models import cache_dir, make_tiny_model, packaged_model_dir
-from ludic.types import FinishReason, TokenTrace
+from ludic.types import FinishReason, StepOutcome, TokenTrace
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+class VowelEnv(SingleAgentEnv):
+    """One-step env whose reward varies across a random model's samples: share of vowels."""
+
+    def env_reset(self, seed=None):
+        return "Say something.", {}
+
+    def env_step(self, action):
+        return StepOutcome("done", sum(c in "aeiou" for c in action) / max(len(action), 1), terminated=True)
+
+
+register_env("test_vowels", VowelEnv)
 
 
 @pytest.fixture(scope="session")

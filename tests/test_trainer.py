@@ -7,8 +7,6 @@ import torch
 
 from ludic.agents.agent import Agent
 from ludic.context import FullDialog
-from ludic.envs.base import SingleAgentEnv
-from ludic.envs.registry import register_env
 from ludic.inference.publish import InProcessPublisher
 from ludic.inference.client import SamplingParams
 from ludic.inference.transformers_engine import TransformersEngine
@@ -18,20 +16,7 @@ from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
 from ludic.training.algorithms import make_algorithm, make_sft
 from ludic.training.lora import LoraSettings, load_policy
 from ludic.training.trainer import Trainer, TrainerConfig
-from ludic.types import EnvSpec, RolloutRequest, SAWBatch, SAWItem, StepOutcome
-
-
-class VowelEnv(SingleAgentEnv):
-    """One-step env whose reward varies across a random model's samples: share of vowels."""
-
-    def env_reset(self, seed=None):
-        return "Say something.", {}
-
-    def env_step(self, action):
-        return StepOutcome("done", sum(c in "aeiou" for c in action) / max(len(action), 1), terminated=True)
-
-
-register_env("test_vowels", VowelEnv)
+from ludic.types import EnvSpec, RolloutRequest, SAWBatch, SAWItem
 
 
 class FixedSource:
