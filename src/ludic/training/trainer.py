@@ -266,11 +266,15 @@ class Trainer:
                     sums[k] = sums.get(k, 0.0) + val
                 elif k != "num_tokens":
                     tok_weighted[k] = tok_weighted.get(k, 0.0) + val * n
+        if not items and _is_fsdp(self.model) and totals["segments_raw"] > 0:
+            self._idle_forward_backward()  # FSDP's all-gathers / reduce-scatters need every rank
         self._all_reduce_grads()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm) if items else torch.tensor(0.0)
-        if items:
+        if totals["segments_raw"] > 0:  # the global batch has items: every rank steps, in lockstep
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
             self.optimizer.step()
+        else:
+            grad_norm = torch.tensor(0.0)
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]
         dt = time.perf_counter() - t0
@@ -309,7 +313,7 @@ class Trainer:
         mean = s1 / segs if segs else 0.0
         var = max(s2 / segs - mean * mean, 0.0) if segs else 0.0
         return {
-            "tokens": max(tokens, 1.0), "segments": max(segs, 1.0),
+            "tokens": max(tokens, 1.0), "segments": max(segs, 1.0), "segments_raw": segs,
             "max_tokens": float(self.cfg.max_completion_tokens or longest),
             "adv_mean": mean, "adv_std": math.sqrt(var),
         }
@@ -324,13 +328,19 @@ class Trainer:
                 return score_actions(self.model, mb)[0]
 
     def _all_reduce_grads(self) -> None:
-        if not is_distributed() or type(self.model).__name__.startswith("FSDP"):
+        """Sum gradients over ranks (plain data parallel; FSDP reduces its own).
+
+        Every rank takes part, also one that had no items: its gradient is zero.
+        """
+        if not is_distributed() or _is_fsdp(self.model):
             return
         import torch.distributed as dist
 
-        grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-        if not grads:
-            return
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params]
         flat = torch.cat([g.reshape(-1).float() for g in grads])
         dist.all_reduce(flat)
         offset = 0
@@ -338,6 +348,12 @@ class Trainer:
             n = g.numel()
             g.copy_(flat[offset : offset + n].view_as(g).to(g.dtype))
             offset += n
+
+    def _idle_forward_backward(self) -> None:
+        """A zero-weight forward/backward on one token, so a rank without items joins FSDP's collectives."""
+        ids = torch.full((1, 2), self.pad_token_id, dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        (out.logits.float().sum() * 0.0).backward()
 
     # -- loop, checkpoints --------------------------------------------------------
     async def train(
@@ -379,3 +395,8 @@ class Trainer:
         if self.publisher is not None:
             self.publisher.publish(self.model, self.policy_version)
         return True
+
+
+def _is_fsdp(model: Any) -> bool:
+    """FSDP2's ``fully_shard`` renames the module class to ``FSDP<name>``."""
+    return type(model).__name__.startswith("FSDP")
