@@ -85,6 +85,7 @@ def test_each_episode_counts_once_whatever_its_turn_count(tiny_model_dir, aggreg
           for i in range(3)]
     algo = make_algorithm("reinforce", is_cap=None, aggregation=aggregation)
     trainer = Trainer(model, algo, None, TrainerConfig(lr=0.0, max_grad_norm=1e9), pad_token_id=tok.pad_token_id)
-    assert trainer.optimize([x, *ys])["grad_norm"] < 1e-6
+    cancel = trainer.optimize([x, *ys])["grad_norm"]
     same_sign = [SAWItem(prompt, completion, 1.0, episode_share=1 / 3) for _ in range(3)]
-    assert trainer.optimize([x, *same_sign])["grad_norm"] > 1e-3
+    reference = trainer.optimize([x, *same_sign])["grad_norm"]
+    assert reference > 1e-3 and cancel < 1e-4 * reference, (cancel, reference)  # fp32 rounding only

@@ -231,43 +231,68 @@ class RolloutRequest:
 
 @dataclass(frozen=True)
 class SAWItem:
-    """A State-Action-Weight sample: one trained completion in its context.
+    """A State-Action-Weight sample: trained completion tokens in their context.
 
     ``prompt_ids`` is the state, ``completion_ids`` the action, ``weight`` the
     credit (advantage) for the action. ``logprobs`` and ``policy_versions``
     come from the sampler, for importance correction and staleness checks.
+
+    A whole multi-turn episode can be one item (see ``build_saw_items``): then
+    ``completion_ids`` runs from the first sampled token to the last, and the
+    chat-template, environment and opponent tokens between turns are in it
+    with ``action_mask`` 0 (context, not trained). Each sampled token keeps its
+    own turn's credit (``token_weights``), sampler log-prob and policy version.
+    Per-token fields hold placeholders (0.0, -1) at masked positions.
     """
 
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]
     weight: float
-    """Credit for the whole completion (advantage, return, or 1.0 for SFT)."""
+    """Credit for the whole item (advantage, return, or 1.0 for SFT); the mean over turns when merged."""
     logprobs: tuple[float, ...] | None = None
     """Sampler log-probs of the completion tokens (None for offline data)."""
     policy_versions: tuple[int, ...] | None = None
     """Policy version per completion token (None for offline data)."""
     meta: JSON = field(default_factory=dict)
-    """rollout_id, step_index, group_id, reward, finish_reason, ..."""
+    """rollout_id, step_index, group_id, reward, finish_reason, turns, ..."""
+    action_mask: tuple[int, ...] | None = None
+    """1 where a completion token was sampled (trained), 0 for context between turns; None = all 1."""
+    token_weights: tuple[float, ...] | None = None
+    """Credit per completion token (each turn's tokens carry that turn's weight); None = ``weight``."""
+    episode_share: float = 1.0
+    """This item's share of its episode in per-sequence loss normalisers: 1 for a whole episode
+    (or a single-turn one), 1/n for each of the n per-turn items of an episode."""
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
-        if self.logprobs is not None and len(self.logprobs) != n:
-            raise ValueError(f"SAWItem: {n} completion ids but {len(self.logprobs)} logprobs")
-        if self.policy_versions is not None and len(self.policy_versions) != n:
-            raise ValueError(
-                f"SAWItem: {n} completion ids but {len(self.policy_versions)} policy versions"
-            )
+        for name in ("logprobs", "policy_versions", "action_mask", "token_weights"):
+            v = getattr(self, name)
+            if v is not None and len(v) != n:
+                raise ValueError(f"SAWItem: {n} completion ids but {len(v)} {name}")
+        if not 0 < self.episode_share <= 1:
+            raise ValueError(f"SAWItem: episode_share must be in (0, 1], got {self.episode_share}")
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
 
     @property
+    def num_action_tokens(self) -> int:
+        """Trained (sampled) tokens."""
+        return len(self.completion_ids) if self.action_mask is None else sum(self.action_mask)
+
+    @property
     def min_policy_version(self) -> int | None:
-        return min(self.policy_versions) if self.policy_versions else None
+        """Oldest policy version among the sampled tokens (None for offline data)."""
+        if not self.policy_versions:
+            return None
+        if self.action_mask is None:
+            return min(self.policy_versions)
+        sampled = [v for v, m in zip(self.policy_versions, self.action_mask) if m]
+        return min(sampled) if sampled else None
 
     def to_dict(self) -> JSON:
-        return {
+        d: JSON = {
             "prompt_ids": list(self.prompt_ids),
             "completion_ids": list(self.completion_ids),
             "weight": self.weight,
@@ -275,18 +300,30 @@ class SAWItem:
             "policy_versions": None if self.policy_versions is None else list(self.policy_versions),
             "meta": self.meta,
         }
+        if self.action_mask is not None:
+            d["action_mask"] = list(self.action_mask)
+        if self.token_weights is not None:
+            d["token_weights"] = list(self.token_weights)
+        if self.episode_share != 1.0:
+            d["episode_share"] = self.episode_share
+        return d
 
     @classmethod
     def from_dict(cls, d: JSON) -> "SAWItem":
-        lp = d.get("logprobs")
-        pv = d.get("policy_versions")
+        def tup(key: str, conv: type) -> tuple | None:
+            v = d.get(key)
+            return None if v is None else tuple(conv(x) for x in v)
+
         return cls(
             prompt_ids=tuple(int(x) for x in d["prompt_ids"]),
             completion_ids=tuple(int(x) for x in d["completion_ids"]),
             weight=float(d["weight"]),
-            logprobs=None if lp is None else tuple(float(x) for x in lp),
-            policy_versions=None if pv is None else tuple(int(x) for x in pv),
+            logprobs=tup("logprobs", float),
+            policy_versions=tup("policy_versions", int),
             meta=dict(d.get("meta", {})),
+            action_mask=tup("action_mask", int),
+            token_weights=tup("token_weights", float),
+            episode_share=float(d.get("episode_share", 1.0)),
         )
 
 

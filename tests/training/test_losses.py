@@ -98,6 +98,36 @@ def test_aggregate_modes(mode, expected):
     assert aggregate(x, inp, mode).item() == pytest.approx(expected, **TOL)
 
 
+@pytest.mark.parametrize(
+    "mode,expected",
+    [
+        # seg_weight c = [1, 0.5, 0.5]: segments 1 and 2 are the two turns of one episode, G = 2 episodes
+        ("token", 3.2),  # unchanged: a token mean over the batch
+        ("sequence", (2 + 0.5 * 4 + 0.5 * 4) / 2),  # sum_i c_i mean_i / G = 3
+        ("constant", (4 + 0.5 * 4 + 0.5 * 8) / (2 * 4)),  # sum_i c_i sum_i / (G L) = 10 / 8
+        ("sum", (4 + 0.5 * 4 + 0.5 * 8) / 2),  # 10 / 2
+    ],
+)
+def test_aggregate_with_segment_weights_counts_episodes(mode, expected):
+    inp = make(seg_weight=torch.tensor([1.0, 0.5, 0.5], dtype=D), total_segments=2.0)
+    x = torch.tensor([1.0, 3.0, 4.0, 2.0, 6.0], dtype=D)
+    assert aggregate(x, inp, mode).item() == pytest.approx(expected, **TOL)
+
+
+def test_token_advantages_replace_segment_advantages():
+    # reinforce, sum aggregation: loss = -sum_t A_t logp_t / G, with per-token A = [1, 2, -2, -0.5, 0]
+    cfg = LossConfig(kind="reinforce", aggregation="sum")
+    A = [1.0, 2.0, -2.0, -0.5, 0.0]
+    inp = make(token_adv=torch.tensor(A, dtype=D))
+    loss, _ = compute_loss(inp, cfg)
+    expect = -sum(a * math.log(p) for a, p in zip(A, P)) / 3
+    assert loss.item() == pytest.approx(expect, **TOL)
+    loss.backward()
+    assert inp.logp.grad.tolist() == pytest.approx([-a / 3 for a in A], **TOL)
+    with pytest.raises(ValueError, match="token_adv"):
+        make(token_adv=torch.zeros(4, dtype=D))
+
+
 def test_aggregate_constant_needs_max_tokens_and_unknown_mode():
     inp = make(max_tokens=None)
     x = torch.ones(5, dtype=D)

@@ -11,6 +11,7 @@ build belong to prompt tokens that are never trained on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -42,21 +43,24 @@ class MicroBatch:
     adv: Tensor
     """[B] float: item weights."""
     items: list[SAWItem]
+    token_adv: Tensor | None = None
+    """[N] float per-token credit, when some item carries per-turn weights (a merged episode)."""
+    seg_weight: Tensor | None = None
+    """[B] float: each item's share of its episode (``SAWItem.episode_share``), None when all are 1."""
 
 
 def truncate_item(item: SAWItem, max_seq_len: int) -> SAWItem | None:
-    """Cut completion tokens beyond ``max_seq_len``; None when the prompt alone does not fit."""
+    """Cut completion tokens beyond ``max_seq_len``; None when no trained token would be left."""
     if item.num_tokens <= max_seq_len:
         return item
     keep = max_seq_len - len(item.prompt_ids)
-    if keep < 1:
+    cut = lambda v: None if v is None else v[:keep]  # noqa: E731
+    if keep < 1 or (item.action_mask is not None and not any(item.action_mask[:keep])):
         return None
-    return SAWItem(
-        prompt_ids=item.prompt_ids,
-        completion_ids=item.completion_ids[:keep],
-        weight=item.weight,
-        logprobs=None if item.logprobs is None else item.logprobs[:keep],
-        policy_versions=None if item.policy_versions is None else item.policy_versions[:keep],
+    return dataclasses.replace(
+        item, completion_ids=item.completion_ids[:keep], logprobs=cut(item.logprobs),
+        policy_versions=cut(item.policy_versions), action_mask=cut(item.action_mask),
+        token_weights=cut(item.token_weights),
         meta={**item.meta, "seq_len_truncated": True, "seq_len_original": item.num_tokens},
     )
 
@@ -88,15 +92,16 @@ def split_by_token_budget(
 
 
 def collate(items: Sequence[SAWItem], pad_id: int, device: torch.device | str = "cpu") -> MicroBatch:
-    """Right-pad items into tensors and lay out their action tokens."""
+    """Right-pad items into tensors and lay out their trained (action) tokens."""
     B = len(items)
     T = max(it.num_tokens for it in items)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attn = torch.zeros((B, T), dtype=torch.long)
-    rows, cols, targets, seg, old = [], [], [], [], []
+    rows, cols, targets, seg, old, tadv = [], [], [], [], [], []
     has_old = all(it.logprobs is not None for it in items)
     if not has_old and any(it.logprobs is not None for it in items):
         raise ValueError("a micro-batch mixes items with and without sampler log-probs")
+    per_token = any(it.token_weights is not None for it in items)
     for b, it in enumerate(items):
         seq = list(it.prompt_ids) + list(it.completion_ids)
         input_ids[b, : len(seq)] = torch.tensor(seq, dtype=torch.long)
@@ -107,19 +112,25 @@ def collate(items: Sequence[SAWItem], pad_id: int, device: torch.device | str = 
                 f"item {b} of the micro-batch has no prompt tokens, so its first completion token has no "
                 f"context to be scored from; give it at least one prompt token (e.g. BOS) (meta={it.meta})"
             )
-        rows.extend([b] * C)
-        cols.extend(range(P - 1, P + C - 1))
-        targets.extend(it.completion_ids)
-        seg.extend([b] * C)
+        keep = range(C) if it.action_mask is None else [j for j in range(C) if it.action_mask[j]]
+        rows.extend([b] * len(keep))
+        cols.extend(P - 1 + j for j in keep)
+        targets.extend(it.completion_ids[j] for j in keep)
+        seg.extend([b] * len(keep))
         if has_old:
-            old.extend(it.logprobs)  # type: ignore[arg-type]
+            old.extend(it.logprobs[j] for j in keep)  # type: ignore[index]
+        if per_token:
+            tadv.extend(it.weight if it.token_weights is None else it.token_weights[j] for j in keep)
     as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    as_float = lambda x: torch.tensor(x, dtype=torch.float32, device=device)  # noqa: E731
+    shares = [it.episode_share for it in items]
     return MicroBatch(
         input_ids=input_ids.to(device), attention_mask=attn.to(device),
         rows=as_long(rows), cols=as_long(cols), targets=as_long(targets), seg=as_long(seg),
-        old_logp=torch.tensor(old, dtype=torch.float32, device=device) if has_old else None,
-        adv=torch.tensor([it.weight for it in items], dtype=torch.float32, device=device),
-        items=list(items),
+        old_logp=as_float(old) if has_old else None,
+        adv=as_float([it.weight for it in items]), items=list(items),
+        token_adv=as_float(tadv) if per_token else None,
+        seg_weight=None if all(x == 1.0 for x in shares) else as_float(shares),
     )
 
 

@@ -25,13 +25,20 @@ d s_t / d logp_t = s_i, so with "sequence" aggregation its gradient equals
 GSPO's  d/d logp_t [ -min(s_i A_i, clip(s_i) A_i) ] = -A_i s_i / |y_i|  (when
 unclipped). CISPO keeps a gradient on every token: only the weight is clipped.
 
+A segment may carry per-token advantages (``token_adv``: a merged multi-turn
+episode, where each turn's tokens carry that turn's credit); then A_t =
+token_adv[t]. Each segment has a weight c_i (``seg_weight``, default 1): its
+share of its episode, so that an episode split into n per-turn segments
+(c_i = 1/n) counts once, like a merged or single-turn episode.
+
 Aggregation of a per-token quantity x_t (all normalisers are for the WHOLE
-optimizer batch: T = total_tokens, G = total_segments, L = max_tokens):
+optimizer batch: T = total_tokens, G = total_segments = sum_i c_i (episodes),
+L = max_tokens):
 
     token     sum_t x_t / T                              (DAPO, "bnpo")
-    sequence  sum_i (mean_{t in i} x_t) / G              (original GRPO)
-    constant  sum_t x_t / (G * L)                        (Dr.GRPO)
-    sum       sum_t x_t / G                              (REINFORCE on sequence log-prob)
+    sequence  sum_i c_i (mean_{t in i} x_t) / G          (original GRPO)
+    constant  sum_i c_i (sum_{t in i} x_t) / (G * L)     (Dr.GRPO)
+    sum       sum_i c_i (sum_{t in i} x_t) / G           (REINFORCE on sequence log-prob)
 
 Total loss:
 
@@ -74,7 +81,7 @@ class LossInputs:
     total_tokens: float
     """Action tokens in the WHOLE optimizer batch (all micro-batches)."""
     total_segments: float
-    """Segments in the whole optimizer batch."""
+    """Sum of segment weights in the whole optimizer batch (segments, or episodes with ``seg_weight``)."""
     old_logp: Tensor | None = None
     """[N] sampler (behaviour policy) log-probs; None for offline data."""
     ref_logp: Tensor | None = None
@@ -87,6 +94,10 @@ class LossInputs:
     """Mean of adv over the whole batch (REINFORCE baseline)."""
     adv_std: float = 1.0
     """Std of adv over the whole batch."""
+    token_adv: Tensor | None = None
+    """[N] per-token advantages; when given they replace ``adv[seg]`` (merged multi-turn episodes)."""
+    seg_weight: Tensor | None = None
+    """[S] weight c_i of each segment in the per-segment aggregations (None: all 1)."""
 
     def __post_init__(self) -> None:
         if self.logp.dim() != 1:
@@ -99,7 +110,11 @@ class LossInputs:
             )
         if self.seg.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"LossInputs.seg must be an integer (long) tensor, got {self.seg.dtype}")
-        for name in ("old_logp", "ref_logp", "entropy"):
+        if self.seg_weight is not None and self.seg_weight.shape != self.adv.shape:
+            raise ValueError(
+                f"LossInputs.seg_weight shape {tuple(self.seg_weight.shape)} != adv shape {tuple(self.adv.shape)}"
+            )
+        for name in ("old_logp", "ref_logp", "entropy", "token_adv"):
             t = getattr(self, name)
             if t is not None and t.shape != self.logp.shape:
                 raise ValueError(
@@ -213,14 +228,16 @@ def aggregate(per_token: Tensor, inp: LossInputs, mode: str) -> Tensor:
     """
     if mode == "token":
         return per_token.sum() / inp.total_tokens
+    c = inp.seg_weight
     if mode == "sequence":
-        return segment_mean(per_token, inp.seg, inp.num_segments).sum() / inp.total_segments
-    if mode == "constant":
-        if inp.max_tokens is None:
+        per_seg = segment_mean(per_token, inp.seg, inp.num_segments)
+        return (per_seg if c is None else per_seg * c.to(per_seg.dtype)).sum() / inp.total_segments
+    if mode in ("constant", "sum"):
+        if mode == "constant" and inp.max_tokens is None:
             raise ValueError('aggregation "constant" (Dr.GRPO) needs LossInputs.max_tokens')
-        return per_token.sum() / (inp.total_segments * inp.max_tokens)
-    if mode == "sum":
-        return per_token.sum() / inp.total_segments
+        total = per_token if c is None else per_token * c.to(per_token.dtype)[inp.seg]
+        norm = inp.total_segments * (inp.max_tokens if mode == "constant" else 1.0)  # type: ignore[operator]
+        return total.sum() / norm
     raise ValueError(f"aggregation={mode!r} is not one of {AGGREGATIONS}")
 
 
@@ -276,7 +293,7 @@ def compute_loss(inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Te
     dtype = torch.promote_types(inp.logp.dtype, torch.float32)
     logp = inp.logp.to(dtype)
     seg = inp.seg
-    A = inp.adv.to(dtype)[seg]  # [N]
+    A = inp.token_adv.to(dtype) if inp.token_adv is not None else inp.adv.to(dtype)[seg]  # [N]
     lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
 
     log_ratio = ratio = None

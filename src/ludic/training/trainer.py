@@ -56,7 +56,7 @@ def policy_gradient_objective(
     inp = LossInputs(
         logp=logp, adv=mb.adv, seg=mb.seg, total_tokens=totals["tokens"], total_segments=totals["segments"],
         old_logp=old, ref_logp=ref_logp, entropy=entropy, max_tokens=totals["max_tokens"],
-        adv_mean=totals["adv_mean"], adv_std=totals["adv_std"],
+        adv_mean=totals["adv_mean"], adv_std=totals["adv_std"], token_adv=mb.token_adv, seg_weight=mb.seg_weight,
     )
     return compute_loss(inp, loss_cfg)
 
@@ -294,14 +294,15 @@ class Trainer:
         weights = [it.weight for it in items]
         local = torch.tensor(
             [
-                float(sum(len(it.completion_ids) for it in items)),
-                float(len(items)),
+                float(sum(it.num_action_tokens for it in items)),
+                float(sum(it.episode_share for it in items)),  # episodes: each counts once
                 float(sum(weights)),
                 float(sum(w * w for w in weights)),
+                float(len(items)),
             ],
             dtype=torch.float64,
         )
-        longest = float(max((len(it.completion_ids) for it in items), default=1))
+        longest = float(max((it.num_action_tokens for it in items), default=1))
         if is_distributed():
             import torch.distributed as dist
 
@@ -309,11 +310,11 @@ class Trainer:
             m = torch.tensor([longest], dtype=torch.float64)
             dist.all_reduce(m, op=dist.ReduceOp.MAX)
             longest = float(m)
-        tokens, segs, s1, s2 = (float(x) for x in local)
-        mean = s1 / segs if segs else 0.0
-        var = max(s2 / segs - mean * mean, 0.0) if segs else 0.0
+        tokens, segs, s1, s2, n_items = (float(x) for x in local)
+        mean = s1 / n_items if n_items else 0.0
+        var = max(s2 / n_items - mean * mean, 0.0) if n_items else 0.0
         return {
-            "tokens": max(tokens, 1.0), "segments": max(segs, 1.0), "segments_raw": segs,
+            "tokens": max(tokens, 1.0), "segments": max(segs, 1.0), "segments_raw": n_items,
             "max_tokens": float(self.cfg.max_completion_tokens or longest),
             "adv_mean": mean, "adv_std": math.sqrt(var),
         }
