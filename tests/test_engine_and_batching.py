@@ -134,3 +134,24 @@ def test_collate_rejects_an_item_without_prompt_tokens():
     bad = SAWItem((), (4, 5), 1.0, meta={"pair_id": 7})
     with pytest.raises(ValueError, match=r"item 1 .*no prompt tokens.*pair_id"):
         collate([good, bad], 0)
+
+
+def test_logprobs_and_scores_belong_to_the_sampling_distribution(tiny):
+    """At temperature T the sampler draws from softmax(logits / T): its log-probs, and the trainer's
+    scores of the same tokens, must be those of that distribution (as in TRL and verl), not of T = 1."""
+    model, tok = tiny
+    engine = TransformersEngine(model, tok)
+    prompt = render_ids(tok, _msgs(0))
+    [r] = engine.generate([prompt], [SamplingParams(temperature=0.5, max_tokens=6, seed=3)])
+    t = r.trace
+    assert t.temperature == 0.5
+    seq = torch.tensor([list(t.prompt_ids) + list(t.completion_ids)])
+    with torch.no_grad():
+        logits = model(seq).logits[0].float()
+    P = len(t.prompt_ids)
+    ref = torch.stack([torch.log_softmax(logits[P - 1 + j] / 0.5, -1)[i] for j, i in enumerate(t.completion_ids)])
+    assert torch.allclose(torch.tensor(t.logprobs), ref, atol=2e-3), (torch.tensor(t.logprobs) - ref).abs().max()
+    item = SAWItem(t.prompt_ids, t.completion_ids, 1.0, t.logprobs, temperature=0.5)
+    with torch.no_grad():
+        logp, _ = score_actions(model, collate([item], tok.pad_token_id))
+    assert torch.allclose(logp, ref, atol=1e-4)

@@ -6,6 +6,7 @@ import torch
 
 from ludic.agents.agent import Agent
 from ludic.context import FullDialog, LastObservationContext
+from ludic.inference.client import SamplingParams
 from ludic.envs.base import SingleAgentEnv
 from ludic.interaction import SingleAgentProtocol
 from ludic.rollouts.batch import build_saw_items
@@ -89,3 +90,12 @@ def test_each_episode_counts_once_whatever_its_turn_count(tiny_model_dir, aggreg
     same_sign = [SAWItem(prompt, completion, 1.0, episode_share=1 / 3) for _ in range(3)]
     reference = trainer.optimize([x, *same_sign])["grad_norm"]
     assert reference > 1e-3 and cancel < 1e-4 * reference, (cancel, reference)  # fp32 rounding only
+
+
+async def test_items_record_the_sampling_temperature(scripted, tokenizer):
+    client = scripted(["one", "two words", "three"], tokenizer)
+    agent = Agent(client, FullDialog("Be brief."), sampling=SamplingParams(temperature=0.7, top_p=0.95))
+    [r] = await SingleAgentProtocol(agent).run(CountEnv(), max_steps=5, env_seed=0)
+    assert all(s.trace.temperature == 0.7 and s.trace.top_p == 0.95 for s in r.steps)
+    [item] = build_saw_items([r], MonteCarloReturn())
+    assert item.temperature == 0.7 and item.top_p == 0.95

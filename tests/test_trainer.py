@@ -144,3 +144,15 @@ def test_empty_steps_do_not_advance_schedule_version_or_publish_and_stop_the_run
     assert trainer.scheduler.get_last_lr()[0] == lr0 and pub.versions == []
     with pytest.raises(RuntimeError, match="3 empty batches in a row"):
         asyncio.run(trainer.train(5))
+
+
+def test_truncated_sampling_is_refused_for_importance_ratio_losses(tiny_model_dir):
+    """top-p / top-k sampler log-probs are of a renormalised truncated distribution the trainer does not
+    compute: an importance ratio against them would be wrong, so the trainer refuses with a clear message."""
+    model, tok = load_policy(str(tiny_model_dir), dtype="float32")
+    items = [SAWItem((5, 6, 7), (8, 9), 1.0, logprobs=(-1.0, -1.0), top_p=0.9)]
+    trainer = Trainer(model, make_algorithm("grpo"), FixedSource(items), pad_token_id=tok.pad_token_id)
+    with pytest.raises(ValueError, match="top_p=0.9"):
+        trainer.optimize(items)
+    ok = Trainer(model, make_algorithm("reinforce", is_cap=None), FixedSource(items), pad_token_id=tok.pad_token_id)
+    assert ok.optimize(items)["num_items"] == 1
