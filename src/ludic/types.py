@@ -56,11 +56,18 @@ class TokenTrace:
     completion_ids: tuple[int, ...]
     """Sampled token ids, including the stop token when the model emitted one."""
     logprobs: tuple[float, ...]
-    """Sampler log-probability of each completion token (temperature 1, before top-p)."""
+    """Sampler log-probability of each completion token, in the distribution it was drawn from:
+    softmax(logits / temperature), renormalised over the top-p / top-k set when those are on."""
     policy_versions: tuple[int, ...]
     """Policy (weights) version that sampled each completion token."""
     finish_reason: FinishReason = FinishReason.STOP
     """Why the completion ended."""
+    temperature: float = 1.0
+    """Sampling temperature (0 = greedy: the log-probs are then those of temperature 1)."""
+    top_p: float = 1.0
+    """Nucleus mass the sampler kept (1 = off)."""
+    top_k: int = 0
+    """Top-k the sampler kept (0 = off)."""
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -82,6 +89,9 @@ class TokenTrace:
             "logprobs": list(self.logprobs),
             "policy_versions": list(self.policy_versions),
             "finish_reason": self.finish_reason.value,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
         }
 
     @classmethod
@@ -92,7 +102,15 @@ class TokenTrace:
             logprobs=tuple(float(x) for x in d["logprobs"]),
             policy_versions=tuple(int(x) for x in d["policy_versions"]),
             finish_reason=FinishReason(d.get("finish_reason", "stop")),
+            temperature=float(d.get("temperature", 1.0)),
+            top_p=float(d.get("top_p", 1.0)),
+            top_k=int(d.get("top_k", 0)),
         )
+
+    @property
+    def scoring_temperature(self) -> float:
+        """The temperature the log-probs belong to (1 for greedy decoding)."""
+        return self.temperature if self.temperature > 0 else 1.0
 
 
 @dataclass(frozen=True)
@@ -262,6 +280,12 @@ class SAWItem:
     episode_share: float = 1.0
     """This item's share of its episode in per-sequence loss normalisers: 1 for a whole episode
     (or a single-turn one), 1/n for each of the n per-turn items of an episode."""
+    temperature: float = 1.0
+    """Temperature the sampler's log-probs belong to; the trainer scores at the same one."""
+    top_p: float = 1.0
+    """Sampler's nucleus (1 = off); truncated distributions cannot be importance-weighted."""
+    top_k: int = 0
+    """Sampler's top-k (0 = off)."""
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -269,6 +293,8 @@ class SAWItem:
             v = getattr(self, name)
             if v is not None and len(v) != n:
                 raise ValueError(f"SAWItem: {n} completion ids but {len(v)} {name}")
+        if not self.temperature > 0:
+            raise ValueError(f"SAWItem: temperature must be > 0 (score greedy samples at 1), got {self.temperature}")
         if not 0 < self.episode_share <= 1:
             raise ValueError(f"SAWItem: episode_share must be in (0, 1], got {self.episode_share}")
 
@@ -304,8 +330,9 @@ class SAWItem:
             d["action_mask"] = list(self.action_mask)
         if self.token_weights is not None:
             d["token_weights"] = list(self.token_weights)
-        if self.episode_share != 1.0:
-            d["episode_share"] = self.episode_share
+        for name, default in (("episode_share", 1.0), ("temperature", 1.0), ("top_p", 1.0), ("top_k", 0)):
+            if getattr(self, name) != default:
+                d[name] = getattr(self, name)
         return d
 
     @classmethod
@@ -324,6 +351,9 @@ class SAWItem:
             action_mask=tup("action_mask", int),
             token_weights=tup("token_weights", float),
             episode_share=float(d.get("episode_share", 1.0)),
+            temperature=float(d.get("temperature", 1.0)),
+            top_p=float(d.get("top_p", 1.0)),
+            top_k=int(d.get("top_k", 0)),
         )
 
 

@@ -126,6 +126,9 @@ class Agent:
         if resp.finish_reason == FinishReason.ERROR:
             info["inference_error"] = True
             return AgentTurn(ParseResult(None, 0.0, None), "", resp.trace, info)
+        # the distribution the log-probs belong to, whatever the backend recorded
+        resp = dataclasses.replace(resp, trace=dataclasses.replace(
+            resp.trace, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k))
 
         self.ctx.add_response(resp.text)
         self._prev = (

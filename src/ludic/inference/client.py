@@ -23,6 +23,8 @@ class SamplingParams:
     temperature: float = 1.0
     """0 means greedy."""
     top_p: float = 1.0
+    top_k: int = 0
+    """Sample among the k most likely tokens only (0: off)."""
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     """Stop strings; the completion is cut after the first one (it is kept)."""
@@ -34,6 +36,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be >= 0 (0 = off), got {self.top_k}")
         if self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
 

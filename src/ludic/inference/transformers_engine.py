@@ -11,11 +11,12 @@ The engine holds a reference to the trainer's model (no copy): after an
 optimizer step, bump ``policy_version`` and the next tokens come from the new
 weights. Every sampled token is tagged with the version that produced it.
 
-Sampling is per request: temperature (0 = greedy), top-p, max tokens, stop
-strings and a seed (Gumbel-max with a per-request generator, so a seed
+Sampling is per request: temperature (0 = greedy), top-k, top-p, max tokens,
+stop strings and a seed (Gumbel-max with a per-request generator, so a seed
 reproduces its tokens given the same batch layout). Log-probs are those of
-the raw model distribution (temperature 1, before top-p), which is what the
-trainer recomputes.
+the distribution each token was drawn from: log_softmax(logits / T), over the
+top-k / top-p set when those are on (vLLM's ``processed_logprobs``); greedy
+rows report temperature-1 log-probs. The trainer scores at the same T.
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ class TransformersEngine:
 
         temps = torch.tensor([s.temperature for s in sampling], device=dev, dtype=torch.float32)
         top_ps = torch.tensor([s.top_p for s in sampling], device=dev, dtype=torch.float32)
+        top_ks = torch.tensor([s.top_k for s in sampling], device=dev, dtype=torch.long)
         max_new = [s.max_tokens for s in sampling]
         gens = [_generator(s.seed) for s in sampling]
         stop_ids = torch.tensor(sorted(self.stop_ids), device=dev, dtype=torch.long)
@@ -171,9 +173,7 @@ class TransformersEngine:
         texts: list[str | None] = [None] * B
         pos = positions[:, -1]
         for step in range(max(max_new)):
-            raw_logp = torch.log_softmax(logits, dim=-1)
-            chosen = _sample(logits, temps, top_ps, gens)
-            chosen_logp = raw_logp.gather(1, chosen[:, None])[:, 0]
+            chosen, chosen_logp = _sample(logits, temps, top_ps, top_ks, gens)
             is_stop = torch.isin(chosen, stop_ids)
             version = self.policy_version
             for i in range(B):
@@ -211,6 +211,7 @@ class TransformersEngine:
             trace = TokenTrace(
                 prompt_ids=tuple(prompts[i]), completion_ids=tuple(tokens[i]),
                 logprobs=tuple(logps[i]), policy_versions=tuple(versions[i]), finish_reason=reason,
+                temperature=sampling[i].temperature, top_p=sampling[i].top_p, top_k=sampling[i].top_k,
             )
             results.append(ChatResponse(text=text, trace=trace, info={"batch_size": B}))
         return results
@@ -233,25 +234,32 @@ def _generator(seed: int | None) -> torch.Generator:
 
 
 def _sample(
-    logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, gens: list[torch.Generator]
-) -> torch.Tensor:
-    """Per-row temperature / top-p sampling by Gumbel-max; temperature 0 is greedy.
+    logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, top_ks: torch.Tensor,
+    gens: list[torch.Generator],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row temperature / top-k / top-p sampling by Gumbel-max; temperature 0 is greedy.
 
-    logits: [B, V] float32 -> token ids [B].
+    logits: [B, V] float32 -> (token ids [B], their log-probs [B] in the distribution drawn from:
+    log_softmax of the scaled, truncated logits; temperature-1 log-probs for greedy rows).
     """
-    greedy = logits.argmax(dim=-1)
-    scaled = logits / temps.clamp(min=1e-6)[:, None]
+    greedy = temps <= 0
+    scaled = torch.where(greedy[:, None], logits, logits / temps.clamp(min=1e-6)[:, None])
+    if bool((top_ks > 0).any()):
+        k = top_ks.clamp(min=1, max=logits.shape[-1])
+        kth = scaled.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+        scaled = scaled.masked_fill(((top_ks > 0) & ~greedy)[:, None] & (scaled < kth), float("-inf"))
     if bool((top_ps < 1).any()):
         probs = torch.softmax(scaled, dim=-1)
         sorted_p, order = probs.sort(dim=-1, descending=True)
         drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= top_ps[:, None]  # keep the first token always
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted) & ~greedy[:, None]
         scaled = scaled.masked_fill(drop, float("-inf"))
+    logp = torch.log_softmax(scaled, dim=-1)
     V = logits.shape[-1]
     u = torch.stack([torch.rand(V, generator=g) for g in gens]).to(logits.device)
     gumbel = -torch.log(-torch.log(u.clamp(min=1e-20, max=1 - 1e-7)))
-    sampled = (scaled + gumbel).argmax(dim=-1)
-    return torch.where(temps > 0, sampled, greedy)
+    chosen = torch.where(greedy, logits.argmax(dim=-1), (scaled + gumbel).argmax(dim=-1))
+    return chosen, logp.gather(1, chosen[:, None])[:, 0]
 
 
 def _stop_string_text(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> str | None:

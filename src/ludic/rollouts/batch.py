@@ -54,7 +54,8 @@ def _extends(prev: Step, cur: Step) -> bool:
     a, b = prev.trace, cur.trace
     assert a is not None and b is not None
     n = len(a.prompt_ids) + len(a.completion_ids)
-    return len(b.prompt_ids) >= n and b.prompt_ids[:n] == a.prompt_ids + a.completion_ids
+    same_sampling = (a.scoring_temperature, a.top_p, a.top_k) == (b.scoring_temperature, b.top_p, b.top_k)
+    return same_sampling and len(b.prompt_ids) >= n and b.prompt_ids[:n] == a.prompt_ids + a.completion_ids
 
 
 def turn_chains(steps: Sequence[Step], merge: bool = True) -> list[list[Step]]:
@@ -86,11 +87,12 @@ def _chain_item(r: Rollout, chain: list[Step], weights: dict, share: float) -> S
     """One item for a run of turns; a single turn is a plain (unmasked) item."""
     first = chain[0].trace
     assert first is not None
+    sampling = {"temperature": first.scoring_temperature, "top_p": first.top_p, "top_k": first.top_k}
     if len(chain) == 1:
         return SAWItem(
             prompt_ids=first.prompt_ids, completion_ids=first.completion_ids, weight=weights[chain[0].index],
             logprobs=first.logprobs, policy_versions=first.policy_versions, meta=_item_meta(r, chain),
-            episode_share=share,
+            episode_share=share, **sampling,
         )
     ids: list[int] = []
     mask: list[int] = []
@@ -118,7 +120,7 @@ def _chain_item(r: Rollout, chain: list[Step], weights: dict, share: float) -> S
     return SAWItem(
         prompt_ids=first.prompt_ids, completion_ids=tuple(ids), weight=sum(turn_w) / len(turn_w),
         logprobs=tuple(logps), policy_versions=tuple(versions), meta=_item_meta(r, chain),
-        action_mask=tuple(mask), token_weights=tuple(tw), episode_share=share,
+        action_mask=tuple(mask), token_weights=tuple(tw), episode_share=share, **sampling,
     )
 
 

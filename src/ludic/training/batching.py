@@ -47,6 +47,8 @@ class MicroBatch:
     """[N] float per-token credit, when some item carries per-turn weights (a merged episode)."""
     seg_weight: Tensor | None = None
     """[B] float: each item's share of its episode (``SAWItem.episode_share``), None when all are 1."""
+    temperature: Tensor | None = None
+    """[N] float sampling temperature of each action token (logits are divided by it); None when all 1."""
 
 
 def truncate_item(item: SAWItem, max_seq_len: int) -> SAWItem | None:
@@ -124,6 +126,7 @@ def collate(items: Sequence[SAWItem], pad_id: int, device: torch.device | str = 
     as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
     as_float = lambda x: torch.tensor(x, dtype=torch.float32, device=device)  # noqa: E731
     shares = [it.episode_share for it in items]
+    temps = [it.temperature for it in items]
     return MicroBatch(
         input_ids=input_ids.to(device), attention_mask=attn.to(device),
         rows=as_long(rows), cols=as_long(cols), targets=as_long(targets), seg=as_long(seg),
@@ -131,6 +134,7 @@ def collate(items: Sequence[SAWItem], pad_id: int, device: torch.device | str = 
         adv=as_float([it.weight for it in items]), items=list(items),
         token_adv=as_float(tadv) if per_token else None,
         seg_weight=None if all(x == 1.0 for x in shares) else as_float(shares),
+        temperature=None if all(t == 1.0 for t in temps) else as_float(temps)[as_long(seg)],
     )
 
 
@@ -175,7 +179,8 @@ def _hidden_states(decoder: Any, mb: MicroBatch, prefix: int) -> Tensor:
 def score_actions(
     model: Any, mb: MicroBatch, *, need_entropy: bool = False, chunk: int = 1024, share_prefix: bool = True
 ) -> tuple[Tensor, Tensor | None]:
-    """Log-prob (and optionally entropy) of every action token under ``model``.
+    """Log-prob (and optionally entropy) of every action token under ``model``, at the temperature
+    each token was sampled with (``mb.temperature``: logits / T, as the sampler drew them).
 
     Returns:
         logp: [N] float32, carries grad when grad is enabled.
@@ -185,14 +190,16 @@ def score_actions(
     if parts is None:
         logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
         sel = logits[mb.rows, mb.cols]
-        return _logp_entropy(sel, mb.targets, need_entropy)
+        return _logp_entropy(sel, mb.targets, need_entropy, mb.temperature)
     decoder, head = parts
     prefix = shared_prefix_len(mb.items) if share_prefix and not getattr(decoder, "gradient_checkpointing", False) else 0
     hidden = _hidden_states(decoder, mb, prefix if prefix >= MIN_SHARED_PREFIX else 0)
     h = hidden[mb.rows, mb.cols]  # [N, H]
     logps, ents = [], []
+    temp = mb.temperature
     for s in range(0, h.shape[0], chunk):
-        lp, ent = _logp_entropy(head(h[s : s + chunk]), mb.targets[s : s + chunk], need_entropy)
+        t = None if temp is None else temp[s : s + chunk]
+        lp, ent = _logp_entropy(head(h[s : s + chunk]), mb.targets[s : s + chunk], need_entropy, t)
         logps.append(lp)
         if ent is not None:
             ents.append(ent)
@@ -201,8 +208,13 @@ def score_actions(
     return torch.cat(logps), (torch.cat(ents) if need_entropy else None)
 
 
-def _logp_entropy(logits: Tensor, targets: Tensor, need_entropy: bool) -> tuple[Tensor, Tensor | None]:
-    logsm = torch.log_softmax(logits.float(), dim=-1)
+def _logp_entropy(
+    logits: Tensor, targets: Tensor, need_entropy: bool, temperature: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
+    logits = logits.float()
+    if temperature is not None:
+        logits = logits / temperature[:, None]
+    logsm = torch.log_softmax(logits, dim=-1)
     logp = logsm.gather(-1, targets[:, None])[:, 0]
     ent = -(logsm.exp() * logsm).sum(-1) if need_entropy else None
     return logp, ent

@@ -182,6 +182,11 @@ class LossConfig:
         return self.kind in _NEEDS_OLD_LOGP
 
     @property
+    def uses_importance_ratio(self) -> bool:
+        """True when the objective divides by sampler probabilities (ppo, gspo, cispo, capped IS)."""
+        return self.needs_old_logp or (self.kind.startswith("reinforce") and self.is_cap is not None)
+
+    @property
     def needs_ref_logp(self) -> bool:
         """True when a KL penalty is active (a reference model must be run)."""
         return self.kl_coef > 0

@@ -244,8 +244,9 @@ class Trainer:
         return float(t)
 
     def optimize(self, items: list[SAWItem]) -> dict[str, Any]:
-        """Gradient step on ``items`` (synchronous); returns metrics."""
+        """One optimizer step on ``items`` (synchronous; the LR schedule is stepped by the caller)."""
         t0 = time.perf_counter()
+        self._check_sampling(items)
         self.model.train()
         totals = self._global_totals(items)
         metrics: dict[str, Any] = {"num_items": len(items), "action_tokens": totals["tokens"]}
@@ -285,6 +286,21 @@ class Trainer:
             train_tokens_per_s=train_tokens / dt if dt > 0 else 0.0,
         )
         return metrics
+
+    def _check_sampling(self, items: list[SAWItem]) -> None:
+        """Refuse importance ratios against truncated (top-p / top-k) sampler distributions."""
+        loss = getattr(self.algorithm, "loss", None)
+        if loss is None or not loss.uses_importance_ratio:
+            return
+        for it in items:
+            if it.logprobs is not None and (it.top_p < 1 or it.top_k > 0):
+                raise ValueError(
+                    f"an item was sampled with top_p={it.top_p}, top_k={it.top_k}: its sampler log-probs are "
+                    f"those of a truncated, renormalised distribution, so the importance ratio of the "
+                    f"{loss.kind!r} loss would be wrong. Sample with top_p=1 and top_k=0 for RL, or use a "
+                    "loss without importance ratios (reinforce with is_cap=None). Item meta: "
+                    f"{ {k: it.meta.get(k) for k in ('rollout_id', 'step_index')} }"
+                )
 
     def ref_logp(self, mb: Any) -> torch.Tensor:
         """Reference-policy log-probs of the action tokens (frozen ``ref_model``, or the base with LoRA off)."""
