@@ -12,6 +12,7 @@ never raises: the protocol records it as a synthetic step (see
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from functools import partial
@@ -64,23 +65,34 @@ def xml_tag_parser(
 ) -> Parser:
     """Extract the inner text of ``<tag>...</tag>`` (case-insensitive).
 
-    With ``exact=True`` the whole output (ignoring surrounding whitespace)
-    must be that single tag. An empty inner text is a failure.
+    The output must hold exactly one opening and one closing tag, in that
+    order: several, nested or stray tags are a parse failure, never one
+    action. With ``exact=True`` the whole output (ignoring surrounding
+    whitespace) must be that single tag. An empty inner text is a failure.
+    The scan is linear in the length of the output.
     """
-    pattern = re.compile(rf"<{tag}>(.*?)</{tag}>", re.DOTALL | re.IGNORECASE)
+    opening = re.compile(re.escape(f"<{tag}>"), re.IGNORECASE)
+    closing = re.compile(re.escape(f"</{tag}>"), re.IGNORECASE)
     feedback = f"Invalid action format: expected exactly one <{tag}>...</{tag}>."
 
     def parse(raw: str) -> ParseResult:
-        if exact:
-            m = pattern.fullmatch(raw.strip())
-        else:
-            found = pattern.findall(raw)
-            m = None if len(found) != 1 else pattern.search(raw)
-        if m is None or not m.group(1).strip():
+        text = raw.strip() if exact else raw
+        opens, closes = _first_two(opening, text), _first_two(closing, text)
+        if len(opens) != 1 or len(closes) != 1 or opens[0].end() > closes[0].start():
             return ParseResult(None, error_reward, feedback)
-        return ParseResult(m.group(1).strip(), success_reward, None)
+        if exact and (opens[0].start() != 0 or closes[0].end() != len(text)):
+            return ParseResult(None, error_reward, feedback)
+        inner = text[opens[0].end():closes[0].start()].strip()
+        if not inner:
+            return ParseResult(None, error_reward, feedback)
+        return ParseResult(inner, success_reward, None)
 
     return parse
+
+
+def _first_two(literal: re.Pattern[str], text: str) -> list[re.Match[str]]:
+    """Up to two occurrences of a literal pattern (enough to tell "one" from "several")."""
+    return list(itertools.islice(literal.finditer(text), 2))
 
 
 def think_prefix_parser(
