@@ -41,6 +41,10 @@ def render_ids(tokenizer: Any, messages: Sequence[Message]) -> list[int]:
     return encode(tokenizer, render_text(tokenizer, messages, add_generation_prompt=True))
 
 
+REPLY_SENTINEL = "\ue000ludic-reply\ue001"
+"""Private-use text rendered in place of the assistant reply, to find what the template writes around it."""
+
+
 def extend_ids(
     tokenizer: Any,
     prev_ids: Sequence[int],
@@ -50,6 +54,13 @@ def extend_ids(
     new_messages: Sequence[Message],
 ) -> list[int] | None:
     """Next prompt = previous prompt + sampled completion + template glue + new turns.
+
+    The glue is found by rendering the conversation with ``REPLY_SENTINEL`` in
+    place of the reply (so a short reply such as ``"im"`` or ``"\n"`` cannot be
+    mistaken for the template's own text), and it is used only when the
+    template is consistent with token-in: the previous prompt's generation
+    prompt is exactly the text before the reply, and the reply is rendered
+    verbatim (a template that trims or rewrites replies gives None).
 
     Args:
         prev_ids: exact prompt ids of the previous model call.
@@ -64,23 +75,21 @@ def extend_ids(
     """
     if not history or history[-1]["role"] != "assistant":
         return None
-    content = history[-1]["content"]
-    text_a = render_text(tokenizer, history, add_generation_prompt=False)
-    text_b = render_text(tokenizer, list(history) + list(new_messages), add_generation_prompt=True)
-    if not text_b.startswith(text_a):
+    earlier, content, new = list(history[:-1]), history[-1]["content"], list(new_messages)
+    stand_in = render_text(tokenizer, earlier + [{"role": "assistant", "content": REPLY_SENTINEL}] + new, True)
+    parts = stand_in.split(REPLY_SENTINEL)
+    if len(parts) != 2:
         return None
-    end = text_a.rfind(content) if content else -1
-    if content and end < 0:
-        return None
-    # What the template writes after the assistant content (e.g. "<|im_end|>\n").
-    closing = text_a[end + len(content):] if content else ""
-    if not content:
-        return None
+    before, glue = parts
+    if render_text(tokenizer, list(history) + new, True) != before + content + glue:
+        return None  # the template rewrites the reply (or depends on its text)
+    if render_text(tokenizer, earlier, True) != before:
+        return None  # the previous prompt is not what precedes the reply
     if finish_reason == FinishReason.STOP and completion_ids:
+        # The model sampled the template's end-of-turn token itself: do not add it twice.
         last = tokenizer.convert_ids_to_tokens([int(completion_ids[-1])])[0]
-        if last in tokenizer.all_special_tokens and closing.startswith(last):
-            closing = closing[len(last):]
-    glue = closing + text_b[len(text_a):]
+        if last in tokenizer.all_special_tokens and glue.startswith(last):
+            glue = glue[len(last):]
     return list(prev_ids) + list(completion_ids) + encode(tokenizer, glue)
 
 
