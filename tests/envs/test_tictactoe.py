@@ -429,3 +429,26 @@ def test_game_illegal_move():
     assert out["X"].terminated and out["X"].reward == 0.0
     assert out["X"].info["result"] == "opponent_illegal"
     assert "illegal move" in out["X"].obs and game.active_agents == []
+
+
+# ---------------------------------------------------------------- move kinds
+
+
+def test_move_kind_has_one_definition_next_to_the_rules():
+    from ludic.data import synth, thinktactoe
+    from ludic.envs import tictactoe
+
+    assert synth.move_kind is tictactoe.move_kind and thinktactoe.move_kind is tictactoe.move_kind
+
+
+def test_move_kind_win_block_fork_and_position():
+    from ludic.envs.tictactoe import move_kind
+
+    b = board(".XX", "...", "OO.")  # X to move: A1 wins, C3 blocks
+    assert move_kind(b, A1) == "win" and move_kind(b, C3) == "block"
+    assert move_kind(b, A1, "O") == "block" and move_kind(b, C3, "O") == "win"  # judged for the named player
+    assert move_kind(b, B2) == "centre" and move_kind(b, B1) == "edge" and move_kind(EMPTY_BOARD, A3) == "corner"
+    f = board("XO.", ".O.", "..X")  # X to move: C1 threatens row C and column 1 at once
+    assert move_kind(f, C1, forks=True) == "fork" and move_kind(f, C1) == "corner"
+    assert move_kind(f, A3, forks=True) == "corner"  # one threat only (column 3)
+    assert move_kind(f, C2, forks=True) == "block"  # O threatens column 2 at C2
