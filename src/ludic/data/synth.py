@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Sequence
 
 from ludic.context import truncate_thinking
 from ludic.envs import tictactoe as ttt
+from ludic.envs.tictactoe import move_kind
 from ludic.types import JSON, Message, Rollout
 
 RolloutFilter = Callable[[Rollout], bool]
@@ -90,35 +91,15 @@ def rollouts_to_records(
 
 # --------------------------------------------------------------- tic-tac-toe teacher
 
-_THOUGHTS = {  # the first template of each kind is the deterministic teacher's
+_ANY_CELL = ("Play {c}.", "{c} is the best move.", "{c} keeps me safe.")
+_THOUGHTS = {  # by move_kind(..., forks=True); the first template of each kind is the deterministic teacher's
     "win": ("Win at {c}.", "{c} completes my line.", "Three in a row with {c}."),
     "block": ("Block {c}.", "{o} threatens {c}; block it.", "I must stop {o} at {c}."),
     "fork": ("Fork at {c}.", "{c} makes two threats.", "{c} creates a double threat."),
     "centre": ("Take the centre.", "The centre is strongest.", "B2 controls the board."),
-    "other": ("Play {c}.", "{c} is the best move.", "{c} keeps me safe."),
+    "corner": _ANY_CELL,
+    "edge": _ANY_CELL,
 }
-
-
-def _threats(board: ttt.Board, mark: str) -> int:
-    """Number of lines where ``mark`` has two and the third cell is empty."""
-    return sum(
-        1 for line in ttt.LINES
-        if [board[i] for i in line].count(mark) == 2 and [board[i] for i in line].count(ttt.EMPTY) == 1
-    )
-
-
-def move_kind(board: ttt.Board, move: int) -> str:
-    """win / block / fork / centre / other, for the player to move."""
-    me = ttt.to_move(board)
-    after = ttt.play(board, move)
-    if ttt.winner(after) == me:
-        return "win"
-    opp_board = board[:move] + (ttt.other(me),) + board[move + 1:]
-    if ttt.winner(opp_board) == ttt.other(me):
-        return "block"
-    if _threats(after, me) >= 2:
-        return "fork"
-    return "centre" if move == 4 else "other"
 
 
 PREFERENCE = (4, 0, 2, 6, 8, 1, 3, 5, 7)
@@ -142,7 +123,7 @@ def teacher_reply(board: ttt.Board, rng: random.Random | None = None, thoughts: 
     answer = f"<move>{c}</move>"
     if not thoughts:
         return answer
-    templates = _THOUGHTS[move_kind(board, move)]
+    templates = _THOUGHTS[move_kind(board, move, forks=True)]
     template = rng.choice(templates) if rng is not None else templates[0]
     return f"<think>{template.format(c=c, o=ttt.other(ttt.to_move(board)))}</think>{answer}"
 

@@ -26,7 +26,8 @@ from typing import Callable
 
 from ludic.data.jsonl import read_jsonl, write_jsonl
 from ludic.envs.tictactoe import (
-    EMPTY, EMPTY_BOARD, LINES, Board, best_moves, is_over, legal_moves, other, play, solve, to_move,
+    EMPTY, EMPTY_BOARD, Board, best_moves, completed_line, is_over, legal_moves, move_kind, other, play, solve,
+    to_move,
 )
 
 BOARD_START, BOARD_END = "<|board_start|>", "<|board_end|>"
@@ -41,7 +42,6 @@ NUM_POSITIONS = 4520
 
 QUALITY = {"win": 1.0, "block": 0.8, "centre": 0.6, "corner": 0.4, "edge": 0.2}
 INVALID = -1.0
-CORNERS = (0, 2, 6, 8)
 
 _CELL_RE = re.compile(r"<\|(\d)-(\d)\|><\|(X|O|blank)\|>")
 _MOVE_RE = re.compile(r"<\|move\|><\|([0-2])-([0-2])\|><\|end\|>")
@@ -123,28 +123,6 @@ def parse_side(text: str) -> str | None:
 # ---------------------------------------------------------------- move judging
 
 
-def _completed_line(board: Board, index: int, mark: str) -> int | None:
-    """Index into LINES of a line that ``mark`` completes by playing ``index``."""
-    for k, line in enumerate(LINES):
-        if index in line and all(board[i] == mark for i in line if i != index):
-            return k
-    return None
-
-
-def move_kind(board: Board, index: int, player: str | None = None) -> str:
-    """``win`` / ``block`` / ``centre`` / ``corner`` / ``edge`` for an empty cell.
-
-    ``win``: the move completes a line for ``player`` (default: side to move).
-    ``block``: otherwise, the opponent would complete a line at this cell.
-    """
-    mark = player or to_move(board)
-    if _completed_line(board, index, mark) is not None:
-        return "win"
-    if _completed_line(board, index, other(mark)) is not None:
-        return "block"
-    return "centre" if index == 4 else "corner" if index in CORNERS else "edge"
-
-
 def move_quality(board: Board, index: int | None, player: str | None = None) -> float:
     """The documented move-quality score for ``player`` (default: side to move).
 
@@ -201,7 +179,7 @@ def think_text(board: Board, index: int, rng: random.Random, player: str | None 
     """A templated ``<player_think>...</player_think>`` for playing ``index`` (move kind decides the template)."""
     me = player or to_move(board)
     kind = move_kind(board, index, me)
-    line = _completed_line(board, index, me if kind == "win" else other(me))
+    line = completed_line(board, index, me if kind == "win" else other(me))
     text = rng.choice(_TEMPLATES[kind]).format(
         me=me, opp=other(me), move=cell_name(index), line=_LINE_NAMES[line] if line is not None else "")
     return f"{THINK_OPEN}{text}{THINK_CLOSE}"

@@ -201,6 +201,46 @@ def best_moves(board: Board) -> list[int]:
     return sorted(m for m, s in scores.items() if s == best)
 
 
+# ---------------------------------------------------------------- move kinds
+
+CORNERS = (0, 2, 6, 8)
+
+
+def completed_line(board: Board, index: int, mark: str) -> int | None:
+    """Index into ``LINES`` of a line that ``mark`` completes by playing ``index`` (None if none)."""
+    for k, line in enumerate(LINES):
+        if index in line and all(board[i] == mark for i in line if i != index):
+            return k
+    return None
+
+
+def threats(board: Board, mark: str) -> int:
+    """Number of lines where ``mark`` holds two cells and the third is empty."""
+    return sum(
+        1 for line in LINES
+        if [board[i] for i in line].count(mark) == 2 and [board[i] for i in line].count(EMPTY) == 1
+    )
+
+
+def move_kind(board: Board, index: int, player: str | None = None, *, forks: bool = False) -> str:
+    """What playing the empty cell ``index`` does for ``player`` (default: the side to move).
+
+    ``win``: it completes a line for ``player``. ``block``: otherwise, the
+    opponent would complete a line there. ``fork`` (only with ``forks=True``):
+    otherwise, ``player`` then threatens to complete two or more lines. Else
+    the cell's position: ``centre``, ``corner`` or ``edge``. The move-quality
+    reward scores these kinds (no forks); the SFT teacher's thoughts name them.
+    """
+    mark = player or to_move(board)
+    if completed_line(board, index, mark) is not None:
+        return "win"
+    if completed_line(board, index, other(mark)) is not None:
+        return "block"
+    if forks and threats(board[:index] + (mark,) + board[index + 1:], mark) >= 2:
+        return "fork"
+    return "centre" if index == 4 else "corner" if index in CORNERS else "edge"
+
+
 # ---------------------------------------------------------------- opponents
 
 
