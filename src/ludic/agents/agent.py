@@ -87,8 +87,12 @@ class Agent:
         self._turn = 0
 
     def observe(self, obs: str) -> None:
-        """Add an observation (env output or parser feedback) to the context."""
+        """Add an env observation to the context."""
         self.ctx.add_observation(obs)
+
+    def add_feedback(self, text: str) -> None:
+        """Add the parser's feedback on a malformed reply (the agent retries on the same observation)."""
+        self.ctx.add_feedback(text)
 
     def _prompt_ids(self) -> tuple[int, ...] | None:
         tok = self.client.tokenizer

@@ -4,6 +4,11 @@ A context keeps the full history; ``messages()`` is the view sent to the
 model. ``append_only`` says whether each prompt extends the previous prompt
 plus its completion, which lets the agent build the next prompt by appending
 token ids (token-in) instead of re-rendering text.
+
+Env observations and parser feedback both enter the history as user
+messages, but the context knows which is which (``add_observation`` vs
+``add_feedback``): a view that shows only the latest observation still
+shows it, with the feedback, when the model must retry a malformed reply.
 """
 
 from __future__ import annotations
@@ -22,15 +27,35 @@ class ContextStrategy:
     def __init__(self, system_prompt: str | None = None) -> None:
         self.default_system_prompt = system_prompt
         self.history: list[Message] = []
+        self._feedback: set[int] = set()  # positions in history of parser feedback
 
     def reset(self, system_prompt: str | None = None) -> None:
         """Start a new episode; the constructor's prompt wins over the env's suggestion."""
         prompt = self.default_system_prompt or system_prompt
         self.history = [{"role": "system", "content": prompt}] if prompt else []
+        self._feedback = set()
 
     def add_observation(self, obs: str) -> None:
-        """An env observation (or parser feedback) becomes a user message."""
+        """An env observation becomes a user message."""
         self.history.append({"role": "user", "content": obs})
+
+    def add_feedback(self, text: str) -> None:
+        """Parser feedback on a malformed reply becomes a user message, marked as feedback."""
+        self._feedback.add(len(self.history))
+        self.history.append({"role": "user", "content": text})
+
+    def latest_observation(self) -> tuple[str | None, str | None]:
+        """The latest env observation and the latest feedback given after it (None when absent)."""
+        feedback = None
+        for i in range(len(self.history) - 1, -1, -1):
+            m = self.history[i]
+            if m["role"] != "user":
+                continue
+            if i not in self._feedback:
+                return m["content"], feedback
+            if feedback is None:
+                feedback = m["content"]
+        return None, feedback
 
     def add_response(self, text: str) -> None:
         """The model's completion becomes an assistant message."""
@@ -88,27 +113,34 @@ class LastObservationContext(ContextStrategy):
     """Only the system prompt and the latest observation (a Markov view).
 
     For envs whose observation is the full state (a board), history adds
-    tokens but no information; this keeps every prompt short.
+    tokens but no information; this keeps every prompt short. After a
+    malformed reply the one user message is the latest observation followed
+    by the latest feedback (one message, as strict templates want user and
+    assistant turns to alternate).
     """
 
     append_only = False
 
     def messages(self) -> list[Message]:
-        system = [dict(m) for m in self.history[:1] if m["role"] == "system"]
-        users = [m for m in self.history if m["role"] == "user"]
-        return system + [dict(users[-1])] if users else system  # type: ignore[return-value]
+        system: list[Message] = [dict(m) for m in self.history[:1] if m["role"] == "system"]  # type: ignore[misc]
+        shown = [text for text in self.latest_observation() if text is not None]
+        return system + [{"role": "user", "content": "\n\n".join(shown)}] if shown else system
 
 
 class RawPromptContext(ContextStrategy):
     """The latest observation as raw text, with no chat template (for base models and
-    datasets whose prompts are already formatted, e.g. ThinkTacToe's board tokens)."""
+    datasets whose prompts are already formatted, e.g. ThinkTacToe's board tokens).
+
+    Parser feedback is not shown (a formatted prompt has no place for it): a
+    retry samples again from the same prompt.
+    """
 
     append_only = False
     raw = True
 
     def messages(self) -> list[Message]:
-        users = [m for m in self.history if m["role"] == "user"]
-        return [dict(users[-1])] if users else []  # type: ignore[list-item]
+        obs, _ = self.latest_observation()
+        return [] if obs is None else [{"role": "user", "content": obs}]
 
 
 CONTEXTS = {"full": FullDialog, "truncated": TruncatedThinkingContext, "last": LastObservationContext,

@@ -18,12 +18,12 @@ assistant turns rewritten to ``<think>[TRUNCATED]</think>answer`` unless
 from __future__ import annotations
 
 import random
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
-from ludic.context import truncate_thinking
+from ludic.context import ContextStrategy, FullDialog, LastObservationContext, TruncatedThinkingContext
 from ludic.envs import tictactoe as ttt
 from ludic.envs.tictactoe import move_kind
-from ludic.types import JSON, Message, Rollout
+from ludic.types import JSON, Rollout
 
 RolloutFilter = Callable[[Rollout], bool]
 
@@ -42,17 +42,11 @@ def filter_rollouts(rollouts: Iterable[Rollout], keep: RolloutFilter) -> list[Ro
     return [r for r in rollouts if keep(r)]
 
 
-def _context_view(history: Sequence[Message], ctx: str, transform: bool, placeholder: str) -> list[Message]:
+def _context(ctx: str, transform: bool, placeholder: str) -> ContextStrategy:
+    """The agent's context strategy for a record view: ``"last"``, else the full dialog."""
     if ctx == "last":
-        system = [dict(m) for m in history[:1] if m["role"] == "system"]
-        return system + [dict(history[-1])]  # type: ignore[list-item]
-    out: list[Message] = []
-    for m in history:
-        if m["role"] == "assistant" and transform:
-            out.append({"role": "assistant", "content": truncate_thinking(m["content"], placeholder)})
-        else:
-            out.append(dict(m))  # type: ignore[arg-type]
-    return out
+        return LastObservationContext()
+    return TruncatedThinkingContext(placeholder=placeholder) if transform else FullDialog()
 
 
 def episode_records(
@@ -63,15 +57,25 @@ def episode_records(
     transform: bool = True,
     placeholder: str = "[TRUNCATED]",
     meta: JSON | None = None,
+    feedback: Collection[int] = (),
 ) -> list[JSON]:
-    """SFT records for one episode given its (observation, reply) turns."""
-    history: list[Message] = [{"role": "system", "content": system_prompt}]
+    """SFT records for one episode given its (observation, reply) turns.
+
+    The prompts come from the agent's own context strategy, so each record
+    shows what the agent saw. ``feedback`` holds the indices of turns whose
+    observation is parser feedback on the previous reply (a retry), not an
+    env observation.
+    """
+    context = _context(ctx, transform, placeholder)
+    context.reset(system_prompt)
     records = []
     for i, (obs, reply) in enumerate(turns):
-        history.append({"role": "user", "content": obs})
-        view = _context_view(history, ctx, transform, placeholder)
-        records.append({"messages": view, "completion": reply, "meta": {**(meta or {}), "turn": i}})
-        history.append({"role": "assistant", "content": reply})
+        if i in feedback:
+            context.add_feedback(obs)
+        else:
+            context.add_observation(obs)
+        records.append({"messages": context.messages(), "completion": reply, "meta": {**(meta or {}), "turn": i}})
+        context.add_response(reply)
     return records
 
 
@@ -83,9 +87,10 @@ def rollouts_to_records(
     out = []
     for r in rollouts:
         turns = [(s.prev_obs, s.action) for s in r.steps]
+        retries = {i + 1 for i, s in enumerate(r.steps) if s.parse_error and not s.terminated}
         meta = {"rollout_id": r.id, "env_seed": r.meta.get("env_seed"), "total_reward": r.total_reward}
         out.extend(episode_records(system_prompt, turns, ctx=ctx, transform=transform,
-                                   placeholder=placeholder, meta=meta))
+                                   placeholder=placeholder, meta=meta, feedback=retries))
     return out
 
 

@@ -92,7 +92,8 @@ class MultiAgentProtocol(InteractionProtocol):
                         done[a] = True
                         stop_reason = "parse_error"
                     else:
-                        obs[a], unseen[a] = step.next_obs or "", True
+                        obs[a] = step.next_obs or ""
+                        self.agents[a].add_feedback(obs[a])
                 else:
                     actions[a] = turn.parse.action
             if stop_reason is not None or not actions:

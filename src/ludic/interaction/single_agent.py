@@ -60,7 +60,7 @@ class SingleAgentProtocol(InteractionProtocol):
                 if step.terminated:
                     break
                 obs = step.next_obs or ""
-                self.agent.observe(obs)
+                self.agent.add_feedback(obs)
                 continue
             out = env.step({aid: turn.parse.action})[aid]
             step = env_step(i, obs, turn, out)
