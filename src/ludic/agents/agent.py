@@ -5,6 +5,11 @@ context), builds the exact prompt token ids (token-in when the context is
 append-only), calls the client, and parses the completion into an action
 with a format reward. It never touches the environment; the interaction
 protocol does.
+
+A failed inference call becomes a failed turn (``AgentTurn.failed_request``).
+An exception from the agent's own parts is raised tagged with its stage
+(``context``, ``chat_template``, ``parser``; see ``ludic.errors``), and the
+protocol ends the episode as a failed rollout.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ludic.context import ContextStrategy, FullDialog
+from ludic.errors import stage
 from ludic.tokenization import encode_raw, extend_ids, render_ids
 from ludic.inference.client import ChatClient, ChatRequest, ChatResponse, SamplingParams
 from ludic.parsers import ParseResult, Parser, identity_parser
-from ludic.types import FinishReason, TokenTrace
+from ludic.types import FinishReason, Message, TokenTrace
 
 INCOMPLETE_FEEDBACK = (
     "Your response was cut off because it exceeded the token limit. "
@@ -82,33 +88,36 @@ class Agent:
 
     def reset(self, system_prompt: str | None = None) -> None:
         """Start a new episode (the context's own system prompt wins over the env's)."""
-        self.ctx.reset(system_prompt)
+        with stage("context"):
+            self.ctx.reset(system_prompt)
         self._prev = None
         self._turn = 0
 
     def observe(self, obs: str) -> None:
         """Add an env observation to the context."""
-        self.ctx.add_observation(obs)
+        with stage("context"):
+            self.ctx.add_observation(obs)
 
     def add_feedback(self, text: str) -> None:
         """Add the parser's feedback on a malformed reply (the agent retries on the same observation)."""
-        self.ctx.add_feedback(text)
+        with stage("context"):
+            self.ctx.add_feedback(text)
 
-    def _prompt_ids(self) -> tuple[int, ...] | None:
+    def _prompt_ids(self, messages: list[Message]) -> tuple[int, ...] | None:
+        """Token ids of the prompt ``messages`` (token-in extension when the context allows it)."""
         tok = self.client.tokenizer
         if tok is None:
             return None
         history = self.ctx.history
         if getattr(self.ctx, "raw", False):  # pre-formatted prompt text, no chat template
-            msgs = self.ctx.messages()
-            return tuple(encode_raw(tok, msgs[-1]["content"] if msgs else ""))
+            return tuple(encode_raw(tok, messages[-1]["content"] if messages else ""))
         if self.ctx.append_only and self._prev is not None:
             prev_prompt, prev_completion, reason, n = self._prev
             if reason != FinishReason.ERROR:
                 ids = extend_ids(tok, prev_prompt, prev_completion, reason, history[:n], history[n:])
                 if ids is not None:
                     return tuple(ids)
-        return tuple(render_ids(tok, self.ctx.messages()))
+        return tuple(render_ids(tok, messages))
 
     async def act(self, sampling_seed: int | None = None) -> AgentTurn:
         """Sample one completion for the current context and parse it."""
@@ -116,7 +125,11 @@ class Agent:
         if sampling_seed is not None:
             sampling = dataclasses.replace(sampling, seed=sampling_seed + self._turn)
         self._turn += 1
-        request = ChatRequest(self.ctx.messages(), sampling, self._prompt_ids(), self.model)
+        with stage("context"):
+            messages = self.ctx.messages()
+        with stage("chat_template"):
+            prompt_ids = self._prompt_ids(messages)
+        request = ChatRequest(messages, sampling, prompt_ids, self.model)
         try:
             if self.timeout_s is None:
                 resp = await self.client.complete(request)
@@ -134,7 +147,8 @@ class Agent:
         resp = dataclasses.replace(resp, trace=dataclasses.replace(
             resp.trace, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k))
 
-        self.ctx.add_response(resp.text)
+        with stage("context"):
+            self.ctx.add_response(resp.text)
         self._prev = (
             resp.trace.prompt_ids,
             resp.trace.completion_ids,
@@ -145,6 +159,7 @@ class Agent:
             info["incomplete_completion"] = True
             parse = ParseResult(None, self.incomplete_penalty, INCOMPLETE_FEEDBACK)
         else:
-            parse = self.parser(resp.text)
+            with stage("parser"):
+                parse = self.parser(resp.text)
         info["parse_error"] = parse.action is None
         return AgentTurn(parse, resp.text, resp.trace, info)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ludic.envs.base import SingleAgentEnv
+from ludic.errors import stage
 from ludic.envs.registry import Registry
 from ludic.types import JSON, StepOutcome
 
@@ -49,5 +50,6 @@ class PromptEnv(SingleAgentEnv):
         return self.prompt, dict(self.meta)
 
     def env_step(self, action: str) -> StepOutcome:
-        r = float(self.reward_fn(self.prompt, action))
+        with stage("reward"):  # a failing reward function fails this episode only
+            r = float(self.reward_fn(self.prompt, action))
         return StepOutcome("", r, terminated=True, info={**self.meta, "reward_fn": self.reward_name})

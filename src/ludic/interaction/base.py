@@ -1,4 +1,9 @@
-"""The InteractionProtocol interface and the step-recording helpers both protocols share."""
+"""The InteractionProtocol interface and the step-recording helpers both protocols share.
+
+A protocol never lets an exception of its episode escape (``ludic.errors``):
+the episode ends as failed rollouts, one per managed agent, with the steps
+recorded so far, ``meta["failed"]``, ``meta["error"]`` and ``meta["error_stage"]``.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +29,8 @@ class InteractionProtocol(ABC):
         env_seed: int | None = None,
         sampling_seed: int | None = None,
     ) -> list[Rollout]:
-        """Play one episode."""
+        """Play one episode. An exception inside it ends it as failed rollouts; only an env
+        the protocol cannot drive (wrong agents) raises."""
 
 
 def failed_request_step(index: int, obs: str, turn: AgentTurn) -> Step:
@@ -54,6 +60,15 @@ def env_step(index: int, obs: str, turn: AgentTurn, out: StepOutcome) -> Step:
         next_obs=None if done else out.obs, reward=out.reward + turn.parse.reward,
         terminated=out.terminated, truncated=out.truncated, trace=turn.trace,
         info={**turn.info, **out.info, "parsed_action": turn.parse.action},
+    )
+
+
+def error_step(index: int, obs: str, turn: AgentTurn, error: str) -> Step:
+    """The env raised while applying this turn's action: the turn is kept for the log, unrewarded."""
+    return Step(
+        index=index, prev_obs=obs, action=turn.text, parsed_action=turn.parse.action, next_obs=None,
+        reward=0.0, terminated=False, truncated=True, trace=turn.trace,
+        info={**turn.info, "error": error, "truncation_reason": "error"},
     )
 
 

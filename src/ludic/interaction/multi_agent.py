@@ -5,24 +5,40 @@ Turn-based and simultaneous games both work: at every iteration the agents in
 ``env.step`` together. An agent that does not act this step but whose state
 changed (the opponent of a player who just won) gets its reward and
 termination folded into its own last step, so every rollout carries the
-final outcome. Self-play is two agents sharing one client.
+final outcome. Self-play is two agents sharing one client. An exception in
+the episode (env, agent parts) fails the rollout of every managed agent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+from dataclasses import dataclass, field
 
-from ludic.agents.agent import Agent
+from ludic.agents.agent import Agent, AgentTurn
 from ludic.envs.base import LudicEnv
+from ludic.errors import episode_failure, stage
 from ludic.interaction.base import (
     InteractionProtocol,
     env_step,
+    error_step,
     failed_request_step,
     mark_truncated,
     parse_error_step,
 )
-from ludic.types import Rollout, Step, StepOutcome
+from ludic.types import JSON, Rollout, Step, StepOutcome
+
+
+@dataclass
+class _Episode:
+    """Per-agent state of one episode, kept when the loop fails half-way."""
+
+    steps: dict[str, list[Step]]
+    obs: dict[str, str]
+    """Latest observation (or parser feedback) each agent acted on."""
+    done: dict[str, bool]
+    acting: dict[str, AgentTurn] = field(default_factory=dict)
+    """Turns whose actions the env is applying right now."""
 
 
 class MultiAgentProtocol(InteractionProtocol):
@@ -49,37 +65,59 @@ class MultiAgentProtocol(InteractionProtocol):
         unknown = set(self.agents) - set(env.agent_ids)
         if unknown:
             raise ValueError(f"agents {sorted(unknown)} are not roles of {type(env).__name__}")
-        first = env.reset(seed=env_seed)
-        steps: dict[str, list[Step]] = {a: [] for a in self.agents}
-        obs: dict[str, str] = {a: first[a][0] for a in self.agents}
+        ep = _Episode(
+            steps={a: [] for a in self.agents}, obs={a: "" for a in self.agents}, done={a: False for a in self.agents}
+        )
+        failure: JSON = {}
+        try:
+            stop_reason = await self._play(env, ep, max_steps, env_seed, sampling_seed)
+        except Exception as e:
+            failure = episode_failure(e, "protocol")
+            for a, turn in ep.acting.items():
+                ep.steps[a].append(error_step(len(ep.steps[a]), ep.obs[a], turn, failure["error"]))
+            stop_reason = "error"
+
+        rollouts = []
+        for a, steps in ep.steps.items():
+            if stop_reason is not None and not ep.done[a]:
+                reason = mark_truncated(steps, stop_reason)
+            else:
+                reason = mark_truncated(steps, "max_steps")
+            meta = {"agent_id": a, "truncation_reason": reason, "failed": stop_reason == "inference_error",
+                    **failure}
+            rollouts.append(Rollout(steps=steps, meta=meta))
+        return rollouts
+
+    async def _play(
+        self, env: LudicEnv, ep: _Episode, max_steps: int, env_seed: int | None, sampling_seed: int | None
+    ) -> str | None:
+        """The episode loop: fills ``ep`` and returns why it stopped early (None: the game ended)."""
+        steps, obs, done = ep.steps, ep.obs, ep.done
+        with stage("env.reset"):
+            first = env.reset(seed=env_seed)
+        obs.update({a: first[a][0] for a in self.agents})
         unseen: dict[str, bool] = {a: True for a in self.agents}
-        done: dict[str, bool] = {a: False for a in self.agents}
-        for aid, agent in self.agents.items():
+        for agent in self.agents.values():
             agent.reset(env.suggested_sysprompt)
-        stop_reason: str | None = None
         offsets = {aid: k * 1_000_003 for k, aid in enumerate(sorted(self.agents))}
 
-        while stop_reason is None:
+        while True:
             active = [a for a in env.active_agents if a in self.agents and not done[a]]
             if not env.active_agents:
-                break
+                return None
             if not active:
-                stop_reason = "unmanaged_agent_to_move"
-                break
+                return "unmanaged_agent_to_move"
             if any(len(steps[a]) >= max_steps for a in active):
-                stop_reason = "max_steps"
-                break
+                return "max_steps"
             for a in active:
                 if unseen[a]:
                     self.agents[a].observe(obs[a])
                     unseen[a] = False
-            turns = await asyncio.gather(
-                *(
-                    self.agents[a].act(None if sampling_seed is None else sampling_seed + offsets[a])
-                    for a in active
-                )
+            turns = await _act_together(
+                [self.agents[a] for a in active],
+                [None if sampling_seed is None else sampling_seed + offsets[a] for a in active],
             )
-            actions: dict[str, str] = {}
+            stop_reason, actions = None, {}
             for a, turn in zip(active, turns):
                 i = len(steps[a])
                 if turn.failed_request:
@@ -95,33 +133,36 @@ class MultiAgentProtocol(InteractionProtocol):
                         obs[a] = step.next_obs or ""
                         self.agents[a].add_feedback(obs[a])
                 else:
-                    actions[a] = turn.parse.action
-            if stop_reason is not None or not actions:
+                    actions[a] = turn
+            if stop_reason is not None:
+                return stop_reason
+            if not actions:
                 continue
-            outcomes = env.step(actions)
+            ep.acting = actions
+            with stage("env.step"):
+                outcomes = env.step({a: turn.parse.action for a, turn in actions.items()})
+            ep.acting = {}
             for a, out in outcomes.items():
                 if a not in self.agents:
                     continue
                 if a in actions:
-                    turn = turns[active.index(a)]
-                    steps[a].append(env_step(len(steps[a]), obs[a], turn, out))
+                    steps[a].append(env_step(len(steps[a]), obs[a], actions[a], out))
                 elif steps[a]:
                     steps[a][-1] = _fold_outcome(steps[a][-1], out)
                 obs[a], unseen[a] = out.obs, True
                 if out.terminated or out.truncated:
                     done[a] = True
             if all(done.values()):
-                break
+                return None
 
-        rollouts = []
-        for a in self.agents:
-            if stop_reason is not None and not done[a]:
-                reason = mark_truncated(steps[a], stop_reason)
-            else:
-                reason = mark_truncated(steps[a], "max_steps")
-            meta = {"agent_id": a, "truncation_reason": reason, "failed": stop_reason == "inference_error"}
-            rollouts.append(Rollout(steps=steps[a], meta=meta))
-        return rollouts
+
+async def _act_together(agents: list[Agent], seeds: list[int | None]) -> list[AgentTurn]:
+    """Every agent acts concurrently; all finish before the first exception (if any) is raised."""
+    results = await asyncio.gather(*(ag.act(seed) for ag, seed in zip(agents, seeds)), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results  # type: ignore[return-value]
 
 
 def _fold_outcome(last: Step, out: StepOutcome) -> Step:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from ludic.agents.agent import Agent
+from ludic.agents.agent import Agent, AgentTurn
 from ludic.envs.base import LudicEnv
+from ludic.errors import episode_failure, stage
 from ludic.interaction.base import (
     InteractionProtocol,
     env_step,
+    error_step,
     failed_request_step,
     mark_truncated,
     parse_error_step,
 )
-from ludic.types import Rollout
+from ludic.types import JSON, Rollout, Step
 
 
 class SingleAgentProtocol(InteractionProtocol):
@@ -41,39 +43,46 @@ class SingleAgentProtocol(InteractionProtocol):
                 f"SingleAgentProtocol needs a single-agent env, {type(env).__name__} has {env.agent_ids}"
             )
         aid = env.agent_ids[0]
-        obs, reset_info = env.reset(seed=env_seed)[aid]
-        self.agent.reset(env.suggested_sysprompt)
-        self.agent.observe(obs)
-        steps = []
-        failed = False
-        for i in range(max_steps):
-            if aid not in env.active_agents:
-                break
-            turn = await self.agent.act(sampling_seed)
-            if turn.failed_request:
-                steps.append(failed_request_step(i, obs, turn))
-                failed = True
-                break
-            if turn.parse.action is None:
-                step = parse_error_step(i, obs, turn, self.stop_on_parse_error)
-                steps.append(step)
-                if step.terminated:
-                    break
-                obs = step.next_obs or ""
-                self.agent.add_feedback(obs)
-                continue
-            out = env.step({aid: turn.parse.action})[aid]
-            step = env_step(i, obs, turn, out)
-            steps.append(step)
-            if step.terminated or step.truncated:
-                break
-            obs = out.obs
+        steps: list[Step] = []
+        meta: JSON = {"agent_id": aid, "reset_info": {}, "failed": False}
+        obs = ""
+        acting: AgentTurn | None = None  # the turn whose action the env is applying
+        try:
+            with stage("env.reset"):
+                obs, meta["reset_info"] = env.reset(seed=env_seed)[aid]
+            self.agent.reset(env.suggested_sysprompt)
             self.agent.observe(obs)
-        reason = "inference_error" if failed else mark_truncated(steps, "max_steps")
-        meta = {
-            "agent_id": aid,
-            "reset_info": reset_info,
-            "truncation_reason": reason,
-            "failed": failed,
-        }
+            for i in range(max_steps):
+                if aid not in env.active_agents:
+                    break
+                turn = await self.agent.act(sampling_seed)
+                if turn.failed_request:
+                    steps.append(failed_request_step(i, obs, turn))
+                    meta["failed"] = True
+                    break
+                if turn.parse.action is None:
+                    step = parse_error_step(i, obs, turn, self.stop_on_parse_error)
+                    steps.append(step)
+                    if step.terminated:
+                        break
+                    obs = step.next_obs or ""
+                    self.agent.add_feedback(obs)
+                    continue
+                acting = turn
+                with stage("env.step"):
+                    out = env.step({aid: turn.parse.action})[aid]
+                acting = None
+                step = env_step(i, obs, turn, out)
+                steps.append(step)
+                if step.terminated or step.truncated:
+                    break
+                obs = out.obs
+                self.agent.observe(obs)
+            reason = "inference_error" if meta["failed"] else mark_truncated(steps, "max_steps")
+        except Exception as e:
+            meta.update(episode_failure(e, "protocol"))
+            if acting is not None:
+                steps.append(error_step(len(steps), obs, acting, meta["error"]))
+            reason = mark_truncated(steps, "error")
+        meta["truncation_reason"] = reason
         return [Rollout(steps=steps, meta=meta)]

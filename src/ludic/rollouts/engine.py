@@ -5,7 +5,9 @@ the engine's protocol registry: a factory that builds a fresh agent/context
 per episode), seeds and a group. The engine builds env and protocol fresh for
 every episode, runs up to ``concurrency`` episodes at once (their model calls
 are batched by the inference engine), stamps rollout metadata and, if asked,
-appends every rollout to a JSONL log that keeps the token ids.
+appends every rollout to a JSONL log that keeps the token ids. An episode
+that raises (env construction, protocol factory, anything a protocol let
+escape) becomes a failed rollout with the error in its meta; the batch goes on.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from ludic.envs.registry import make_env
+from ludic.errors import episode_failure, stage
 from ludic.interaction.base import InteractionProtocol
 from ludic.types import Rollout, RolloutRequest, Step
 
@@ -91,15 +94,22 @@ class RolloutEngine:
         self._episodes = 0
 
     async def run_episode(self, req: RolloutRequest, episode_idx: int) -> list[Rollout]:
-        if req.protocol not in self.protocols:
-            raise KeyError(f"unknown protocol {req.protocol!r}; registered: {sorted(self.protocols)}")
-        env = make_env(req.env)
-        protocol = self.protocols[req.protocol]()
+        """Play one request; if anything raises, one failed rollout records the error instead."""
         env_seed = req.env_seed if req.env_seed is not None else episode_idx
         t0 = time.perf_counter()
-        rollouts = await protocol.run(
-            env, max_steps=req.max_steps, env_seed=env_seed, sampling_seed=req.sampling_seed
-        )
+        try:
+            with stage("protocol.make"):
+                if req.protocol not in self.protocols:
+                    raise KeyError(f"unknown protocol {req.protocol!r}; registered: {sorted(self.protocols)}")
+                protocol = self.protocols[req.protocol]()
+            with stage("env.make"):
+                env = make_env(req.env)
+            rollouts = await protocol.run(
+                env, max_steps=req.max_steps, env_seed=env_seed, sampling_seed=req.sampling_seed
+            )
+        except Exception as e:  # the backstop: protocols catch what happens inside the episode
+            failure = episode_failure(e, "protocol")
+            rollouts = [Rollout(meta={"agent_id": None, "truncation_reason": "error", **failure})]
         dt = time.perf_counter() - t0
         for r in rollouts:
             r.meta.update(
@@ -151,14 +161,19 @@ def read_rollouts(path: str | Path) -> list[Rollout]:
 
 
 def outcome_counts(rollouts: Sequence[Rollout]) -> dict[str, float]:
-    """Rates useful for any env: parse errors, truncation, failed requests, mean reward."""
+    """Rates useful for any env: parse errors, truncation, mean reward, and failures:
+    ``failed_rate`` (failed inference or an exception) and ``error_count`` / ``error_rate``
+    (rollouts ended by an exception, ``meta["error"]``)."""
     steps: list[Step] = [s for r in rollouts for s in r.steps]
     n_r, n_s = max(len(rollouts), 1), max(len(steps), 1)
+    errors = sum(bool(r.meta.get("error")) for r in rollouts)
     return {
         "reward_mean": sum(r.total_reward for r in rollouts) / n_r,
         "parse_error_rate": sum(s.parse_error for s in steps) / n_s,
         "truncated_rate": sum(bool(r.meta.get("truncation_reason")) for r in rollouts) / n_r,
         "failed_rate": sum(bool(r.meta.get("failed")) for r in rollouts) / n_r,
+        "error_count": float(errors),
+        "error_rate": errors / n_r,
         "steps_per_episode": len(steps) / n_r,
         "completion_tokens_mean": sum(len(s.trace.completion_ids) for s in steps if s.trace) / n_s,
     }
