@@ -155,3 +155,37 @@ def test_logprobs_and_scores_belong_to_the_sampling_distribution(tiny):
     with torch.no_grad():
         logp, _ = score_actions(model, collate([item], tok.pad_token_id))
     assert torch.allclose(logp, ref, atol=1e-4)
+
+
+def _tiny(family):
+    import transformers as tf
+
+    common = dict(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+    cfg = {
+        "gemma2": lambda: tf.Gemma2Config(**common, head_dim=8, final_logit_softcapping=0.5),  # caps hard
+        "gemma3": lambda: tf.Gemma3TextConfig(**common, head_dim=8, final_logit_softcapping=0.5),
+        "granite": lambda: tf.GraniteConfig(**common, logits_scaling=4.0),
+        "cohere": lambda: tf.CohereConfig(**common, logit_scale=0.25),
+    }[family]()
+    torch.manual_seed(0)
+    return tf.AutoModelForCausalLM.from_config(cfg).float().eval()
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "granite", "cohere"])
+def test_scores_apply_the_models_own_logit_post_processing(family):
+    """Final-logit softcapping (Gemma 2/3), logit scaling (Granite, Cohere): the trainer's head-only
+    scoring path must give the log-probs of model(...).logits, at temperature 1 and at T."""
+    model = _tiny(family)
+    items = [SAWItem(tuple(range(5, 12)), tuple(range(50, 54)), 1.0),
+             SAWItem(tuple(range(20, 24)), (70, 71), 1.0, temperature=0.5)]
+    mb = collate(items, 0)
+    with torch.no_grad():
+        logp, _ = score_actions(model, mb)
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits.float()
+    expected = []
+    for b, it in enumerate(items):
+        P = len(it.prompt_ids)
+        for j, tok_id in enumerate(it.completion_ids):
+            expected.append(torch.log_softmax(logits[b, P - 1 + j] / it.temperature, -1)[tok_id])
+    assert torch.allclose(logp, torch.stack(expected), atol=1e-5), (logp - torch.stack(expected)).abs().max()
