@@ -139,13 +139,44 @@ def collate(items: Sequence[SAWItem], pad_id: int, device: torch.device | str = 
 
 
 def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
-    """The transformer body and LM head of an HF causal LM (peft-wrapped or not)."""
+    """The transformer body and the LM head of an HF causal LM (peft-wrapped or not), where the
+    head includes the model's own logit post-processing (``logits_fn``)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not hasattr(base, "get_decoder") or not hasattr(base, "get_output_embeddings"):
         return None
     if type(base).__name__.startswith("FSDP"):
         return None  # FSDP2 root hooks must run: use the full forward
-    return base.get_decoder(), base.get_output_embeddings()
+    return base.get_decoder(), logits_fn(base.get_output_embeddings(), getattr(base, "config", None))
+
+
+def logits_fn(head: Any, config: Any) -> Any:
+    """``hidden -> logits`` as the model's forward computes them after its LM head.
+
+    Reproduces the post-processing of the model families that have one (each checked against
+    ``model(...).logits`` in the tests): Granite divides by ``logits_scaling``, Cohere multiplies by
+    ``logit_scale``, Gemma 2/3 soft-cap with ``tanh(logits / c) * c`` (``final_logit_softcapping``).
+    """
+    cfg = getattr(config, "text_config", None) or config
+    scale = 1.0
+    scaling = getattr(cfg, "logits_scaling", None)
+    if isinstance(scaling, (int, float)) and scaling not in (0, 1):
+        scale /= float(scaling)
+    mult = getattr(cfg, "logit_scale", None)
+    if isinstance(mult, (int, float)) and not isinstance(mult, bool) and mult != 1:
+        scale *= float(mult)
+    cap = getattr(cfg, "final_logit_softcapping", None)
+    if scale == 1.0 and not cap:
+        return head
+
+    def post(h: Tensor) -> Tensor:
+        logits = head(h)
+        if scale != 1.0:
+            logits = logits * scale
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return post
 
 
 def shared_prefix_len(items: Sequence[SAWItem]) -> int:
