@@ -105,12 +105,48 @@ def test_stale_items_are_dropped(tiny_model_dir):
     assert m["stale_dropped"] == 1 and m["num_items"] == 2
 
 
-def test_kl_needs_a_reference_for_full_finetuning(tiny_model_dir):
+def test_full_finetuning_with_kl_builds_a_frozen_reference_of_the_starting_policy(tiny_model_dir):
     model, tok = load_policy(str(tiny_model_dir), dtype="float32")
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
     items = [SAWItem((5, 6, 7), (8, 9), 1.0, logprobs=(-1.0, -1.0))]
-    trainer = Trainer(model, make_algorithm("grpo", kl_coef=0.1), FixedSource(items), pad_token_id=tok.pad_token_id)
-    with pytest.raises(ValueError, match="ref_model"):
-        trainer.optimize(items)
+    trainer = Trainer(model, make_algorithm("grpo", kl_coef=0.1), FixedSource(items), TrainerConfig(lr=1e-2),
+                      pad_token_id=tok.pad_token_id)
+    assert trainer.optimize(items)["kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at the start
+    m = trainer.optimize(items)
+    assert m["kl"] > 0 and m["kl_loss"] != 0
+    assert all(torch.equal(p, start[n]) for n, p in trainer.ref_model.named_parameters())
+    assert not any(p.requires_grad for p in trainer.ref_model.parameters())
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits
+
+
+def test_training_on_top_of_an_adapter_keeps_it_as_the_kl_reference(tiny_model_dir, tmp_path):
+    """--adapter <sft>: the SFT adapter is merged into the base and a fresh LoRA trains on top, so
+    'adapters disabled' (the KL reference) is the SFT policy, not the raw base model."""
+    from ludic.training.batching import adapters_disabled
+
+    sft, _ = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=1)
+    with torch.no_grad():
+        for n, p in sft.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)  # a trained adapter: B != 0
+    sft.save_pretrained(tmp_path / "sft_adapter")
+    ids = [5, 9, 17, 33, 40]
+    sft_logits = _logits(sft, ids)
+    base_logits = _logits(load_policy(str(tiny_model_dir), dtype="float32")[0], ids)
+    assert not torch.allclose(sft_logits, base_logits, atol=1e-3)
+
+    model, _ = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), adapter=str(tmp_path / "sft_adapter"),
+                           dtype="float32", seed=0)
+    assert torch.allclose(_logits(model, ids), sft_logits, atol=1e-4)  # starts as the SFT policy
+    with adapters_disabled(model):
+        assert torch.allclose(_logits(model, ids), sft_logits, atol=1e-4)  # the reference is the SFT policy
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert all(float(p.abs().max()) == 0 for n, p in model.named_parameters() if "lora_B" in n)  # a fresh LoRA
 
 
 class RecordingPublisher:
