@@ -45,8 +45,11 @@ def load_policy(
 ) -> tuple[Any, Any]:
     """(model, tokenizer) ready to train: LoRA-wrapped when ``lora`` is given.
 
-    ``adapter`` loads an existing LoRA adapter folder (trainable when ``lora`` is
-    set, frozen otherwise) on top of the base model.
+    ``adapter`` is an existing LoRA adapter folder (e.g. an SFT cold start). It is
+    merged into the base weights, so the starting policy is base + adapter; with
+    ``lora`` a fresh LoRA then trains on top, and "adapters disabled" -- the KL
+    reference -- is that starting policy, not the raw base model. (A vLLM server
+    must then serve the merged weights: see ``save_merged_base``.)
     """
     torch.manual_seed(seed)
     tok = load_tokenizer(name)
@@ -54,7 +57,8 @@ def load_policy(
     if adapter is not None:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, adapter, is_trainable=lora is not None)
-    elif lora is not None:
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    if lora is not None:
+        torch.manual_seed(seed)
         model = apply_lora(model, lora)
     return model, tok

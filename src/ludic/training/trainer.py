@@ -108,7 +108,8 @@ class Trainer:
         logger: metrics sink (``log(step, metrics)``).
         checkpoint_dir: where checkpoints go (None disables them).
         tokenizer: saved with checkpoints so they load as HF folders.
-        ref_model: frozen reference for a KL penalty with full fine-tuning (LoRA uses the base with adapters off).
+        ref_model: frozen reference for a KL penalty. Default: with LoRA, the model with its adapters
+            disabled; with full fine-tuning, a frozen copy of the model made here (the starting policy).
         pad_token_id: padding id for collation.
         objective: per-micro-batch ``(trainer, micro_batch, totals) -> (loss, stats)``;
             defaults to the policy-gradient objective of ``algorithm.loss`` (DPO supplies its own).
@@ -139,6 +140,8 @@ class Trainer:
         self.logger = logger
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.tokenizer = tokenizer
+        if ref_model is None and _needs_ref_copy(model, algorithm):
+            ref_model = _frozen_copy(model)
         self.ref_model = ref_model
         self.pad_token_id = pad_token_id
         self.objective = objective or policy_gradient_objective
@@ -339,8 +342,6 @@ class Trainer:
         with torch.no_grad():
             if self.ref_model is not None:
                 return score_actions(self.ref_model, mb)[0]
-            if not hasattr(self.model, "disable_adapter"):
-                raise ValueError("a KL penalty needs ref_model= when the model is not a LoRA (peft) model")
             with adapters_disabled(self.model):
                 return score_actions(self.model, mb)[0]
 
@@ -417,3 +418,19 @@ class Trainer:
 def _is_fsdp(model: Any) -> bool:
     """FSDP2's ``fully_shard`` renames the module class to ``FSDP<name>``."""
     return type(model).__name__.startswith("FSDP")
+
+
+def _needs_ref_copy(model: Any, algorithm: Any) -> bool:
+    loss = getattr(algorithm, "loss", None)
+    return bool(loss is not None and loss.needs_ref_logp and not hasattr(model, "disable_adapter"))
+
+
+def _frozen_copy(model: Any) -> Any:
+    """A frozen, eval-mode copy of ``model``: the reference policy of a full fine-tuning run."""
+    import copy
+
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
