@@ -192,3 +192,31 @@ def test_truncated_sampling_is_refused_for_importance_ratio_losses(tiny_model_di
         trainer.optimize(items)
     ok = Trainer(model, make_algorithm("reinforce", is_cap=None), FixedSource(items), pad_token_id=tok.pad_token_id)
     assert ok.optimize(items)["num_items"] == 1
+
+
+def test_ppo_inner_loop_epochs_and_minibatches_over_one_collected_batch(tiny_model_dir):
+    """ppo_epochs x num_minibatches optimizer steps per collected batch; the ratio moves away from 1 and
+    clipping acts; the policy version, the publish and the LR schedule advance once per batch."""
+    from ludic.training.batching import collate, score_actions
+
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    g = torch.Generator().manual_seed(0)
+    raw = [SAWItem(tuple(torch.randint(5, 500, (6,), generator=g).tolist()),
+                   tuple(torch.randint(5, 500, (4,), generator=g).tolist()), (-1.0) ** i) for i in range(8)]
+    with torch.no_grad():
+        lp, _ = score_actions(model, collate(raw, tok.pad_token_id))  # on-policy sampler log-probs
+    items, k = [], 0
+    for it in raw:
+        items.append(SAWItem(it.prompt_ids, it.completion_ids, it.weight, tuple(lp[k:k + 4].tolist()), (0,) * 4))
+        k += 4
+    pub = RecordingPublisher()
+    cfg = TrainerConfig(lr=0.2, ppo_epochs=3, num_minibatches=2, lr_schedule="linear", total_steps=10)
+    trainer = Trainer(model, make_algorithm("grpo"), FixedSource(items), cfg, publisher=pub,
+                      pad_token_id=tok.pad_token_id)
+    m = asyncio.run(trainer.train_step())
+    steps = {int(s["step"]) for s in trainer.optimizer.state_dict()["state"].values()}
+    assert steps == {6}  # 3 epochs x 2 minibatches
+    assert trainer.step == 1 and trainer.policy_version == 1 and pub.versions == [1]
+    assert trainer.scheduler.last_epoch == 1
+    assert m["clip_frac/epoch_2"] > m["clip_frac/epoch_0"] and m["clip_frac/epoch_2"] > 0.0
+    assert m["ratio_max/epoch_2"] > 1.2
