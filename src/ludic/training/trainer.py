@@ -18,6 +18,7 @@ which the batch source and ``compute_loss`` consume.
 from __future__ import annotations
 
 import math
+import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -94,6 +95,16 @@ class TrainerConfig:
     max_to_keep: int = 2
     max_empty_steps: int = 5
     """Stop the run after this many batches in a row with no trainable item on any rank."""
+    ppo_epochs: int = 1
+    """PPO inner loop: passes over each collected batch (the importance ratio moves away from 1)."""
+    num_minibatches: int = 1
+    """PPO inner loop: optimizer steps per pass (the batch is shuffled and split)."""
+
+    def __post_init__(self) -> None:
+        if self.ppo_epochs < 1 or self.num_minibatches < 1:
+            raise ValueError(
+                f"ppo_epochs ({self.ppo_epochs}) and num_minibatches ({self.num_minibatches}) must be >= 1"
+            )
 
 
 class Trainer:
@@ -195,7 +206,7 @@ class Trainer:
         if self._global_sum(len(items)) == 0:
             return self._empty_step(metrics)
         self.empty_streak = 0
-        metrics.update(self.optimize(items))
+        metrics.update(self.optimize_batch(items))
         self.scheduler.step()
         self.step += 1
         self.policy_version += 1
@@ -245,6 +256,40 @@ class Trainer:
         t = torch.tensor([float(n)], dtype=torch.float64)
         torch.distributed.all_reduce(t)
         return float(t)
+
+    def optimize_batch(self, items: list[SAWItem]) -> dict[str, Any]:
+        """All optimizer steps on one collected batch: ``ppo_epochs`` shuffled passes of
+        ``num_minibatches`` steps each (one step when both are 1, the default).
+
+        Returns the metrics of the steps averaged, with the clip fraction, ratio and loss of
+        each pass under ``<name>/epoch_<e>``.
+        """
+        c = self.cfg
+        if c.ppo_epochs == 1 and c.num_minibatches == 1:
+            return self.optimize(items)
+        steps: list[dict[str, Any]] = []
+        out: dict[str, Any] = {}
+        for epoch in range(c.ppo_epochs):
+            order = list(items)
+            random.Random(self.step * 1_000_003 + epoch).shuffle(order)  # same on every rank, resumable
+            k, r = divmod(len(order), c.num_minibatches)
+            bounds = [i * k + min(i, r) for i in range(c.num_minibatches + 1)]
+            epoch_steps = [self.optimize(order[bounds[i]:bounds[i + 1]]) for i in range(c.num_minibatches)]
+            steps += epoch_steps
+            for key in ("clip_frac", "ratio_mean", "ratio_max", "loss"):
+                vals = [m[key] for m in epoch_steps if key in m]
+                if vals:
+                    out[f"{key}/epoch_{epoch}"] = max(vals) if key == "ratio_max" else sum(vals) / len(vals)
+        for key in steps[0]:
+            vals = [m[key] for m in steps if isinstance(m.get(key), (int, float))]
+            if vals:
+                out.setdefault(key, sum(vals) / len(vals))
+        train_s = sum(m["train_s"] for m in steps)
+        train_tokens = sum(m["train_tokens"] for m in steps)
+        out.update(num_items=len(items), optimizer_steps=len(steps), train_s=train_s, train_tokens=train_tokens,
+                   action_tokens=sum(m["action_tokens"] for m in steps[: c.num_minibatches]),
+                   train_tokens_per_s=train_tokens / train_s if train_s > 0 else 0.0)
+        return out
 
     def optimize(self, items: list[SAWItem]) -> dict[str, Any]:
         """One optimizer step on ``items`` (synchronous; the LR schedule is stepped by the caller)."""
