@@ -204,6 +204,23 @@ class RolloutBatchSource:
         self.merge_turns = merge_turns
         self.last_rollouts: list[Rollout] = []
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to draw the same requests and seeds: the strategy's RNG, the
+        engine's episode counter (default env seeds), and ``requests_fn``'s own state if it has one."""
+        state: dict[str, Any] = {"episodes": self.engine.episodes}
+        if hasattr(self.strategy, "state_dict"):
+            state["strategy"] = self.strategy.state_dict()
+        if hasattr(self.requests_fn, "state_dict"):
+            state["requests"] = self.requests_fn.state_dict()  # type: ignore[attr-defined]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.engine.episodes = int(state.get("episodes", 0))
+        if "strategy" in state and hasattr(self.strategy, "load_state_dict"):
+            self.strategy.load_state_dict(state["strategy"])
+        if "requests" in state and hasattr(self.requests_fn, "load_state_dict"):
+            self.requests_fn.load_state_dict(state["requests"])  # type: ignore[attr-defined]
+
     async def next_batch(self) -> SAWBatch:
         t0 = time.perf_counter()
         requests = self.strategy.expand(self.requests_fn())

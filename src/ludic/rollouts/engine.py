@@ -29,7 +29,11 @@ ProtocolFactory = Callable[[], InteractionProtocol]
 
 
 class RequestStrategy(Protocol):
-    """Expands a list of requests (e.g. into GRPO groups)."""
+    """Expands a list of requests (e.g. into GRPO groups).
+
+    A strategy with state (an RNG) also has ``state_dict() -> JSON`` and
+    ``load_state_dict(JSON)``, so a resumed run draws the seeds it would have drawn.
+    """
 
     def expand(self, requests: Sequence[RolloutRequest]) -> list[RolloutRequest]: ...
 
@@ -39,6 +43,23 @@ class IdentityStrategy:
 
     def expand(self, requests: Sequence[RolloutRequest]) -> list[RolloutRequest]:
         return list(requests)
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def rng_state(rng: random.Random) -> list:
+    """A ``random.Random`` state as JSON-able data."""
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def set_rng_state(rng: random.Random, state: list) -> None:
+    version, internal, gauss = state
+    rng.setstate((version, tuple(internal), gauss))
 
 
 class GRPORequestStrategy:
@@ -70,6 +91,12 @@ class GRPORequestStrategy:
                 )
         return out
 
+    def state_dict(self) -> dict:
+        return {"rng": rng_state(self.rng)}
+
+    def load_state_dict(self, state: dict) -> None:
+        set_rng_state(self.rng, state["rng"])
+
 
 class RolloutEngine:
     """Runs episodes concurrently.
@@ -91,7 +118,8 @@ class RolloutEngine:
         self.protocols = protocols
         self.concurrency = concurrency
         self.jsonl_path = Path(jsonl_path) if jsonl_path else None
-        self._episodes = 0
+        self.episodes = 0
+        """Episodes started so far (the default env seed of an episode is its index)."""
 
     async def run_episode(self, req: RolloutRequest, episode_idx: int) -> list[Rollout]:
         """Play one request; if anything raises, one failed rollout records the error instead."""
@@ -124,8 +152,8 @@ class RolloutEngine:
     async def generate_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
         """Run every request; rollouts come back in request order (one or more per request)."""
         sem = asyncio.Semaphore(self.concurrency)
-        start = self._episodes
-        self._episodes += len(requests)
+        start = self.episodes
+        self.episodes += len(requests)
 
         async def one(i: int, req: RolloutRequest) -> list[Rollout]:
             async with sem:

@@ -1,20 +1,32 @@
-"""Checkpoints that resume a run exactly where it stopped.
+"""Checkpoints that resume a run exactly where it stopped, and survive a crash at any point.
 
 Layout of ``<root>/step_000010/``:
 
     model/            HF folder: the LoRA adapter (peft) or the full model, + tokenizer
     optimizer.pt      optimizer state        scheduler.pt   LR scheduler state
-    rng.json          torch / python / numpy RNG states (JSON, no pickle)
-    trainer_state.json {"step", "policy_version", "algorithm", ...}
+    rng.json          torch (CPU, CUDA) / python / numpy RNG states (JSON, no pickle)
+    trainer_state.json {"step", "policy_version", "algorithm", "source_state", ...}  (written last)
 
-``<root>/latest.json`` points at the newest complete checkpoint; a step
-directory is written under a temporary name and renamed when complete, so a
-crash mid-save never leaves a half checkpoint behind as "latest".
+``<root>/latest.json`` points at the newest complete checkpoint. Every change
+is a rename, so a crash (even ``kill -9``) at any point leaves a loadable
+latest checkpoint:
+
+1. the step is written into ``.tmp_step_N`` and renamed to ``step_N`` when complete
+   (a step saved again is first moved aside to ``.old_step_N``);
+2. the pointer is written to ``latest.json.tmp`` and renamed over ``latest.json``;
+3. old steps are renamed to ``.del_step_N`` before they are deleted, so a half-deleted
+   folder never looks like a checkpoint.
+
+``latest_checkpoint`` follows the pointer when it names a complete step, and otherwise
+(torn or stale pointer) takes the newest complete ``step_*`` folder. The environment
+variable ``LUDIC_FAULT_AT=<point>`` (optionally with ``LUDIC_FAULT_STEP=<N>``) kills the
+process at one of ``FAULT_POINTS``: the crash tests use it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from pathlib import Path
@@ -23,6 +35,27 @@ from typing import Any
 import torch
 
 from ludic.inference.models import is_peft
+
+FAULT_POINTS = ("tmp_written", "old_moved", "renamed", "pointer_tmp", "pointed", "pruning")
+"""Points of ``save_checkpoint`` where the fault hook can kill the process."""
+FAULT_EXIT_CODE = 86
+
+
+def _fault(point: str, step: int) -> None:
+    """Die here (exit code 86, no clean-up) if ``LUDIC_FAULT_AT`` names this point (test hook)."""
+    if os.environ.get("LUDIC_FAULT_AT") == point and os.environ.get("LUDIC_FAULT_STEP", str(step)) == str(step):
+        os._exit(FAULT_EXIT_CODE)
+
+
+def write_json_atomic(path: Path, obj: Any, step: int = -1) -> None:
+    """Write JSON to ``path`` so readers see the old file or the new one, never a torn one."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(obj))
+        f.flush()
+        os.fsync(f.fileno())
+    _fault("pointer_tmp", step)
+    os.replace(tmp, path)
 
 
 def save_checkpoint(
@@ -36,10 +69,11 @@ def save_checkpoint(
     state: dict[str, Any] | None = None,
     max_to_keep: int | None = 2,
 ) -> Path:
-    """Write a complete checkpoint for ``step`` and point ``latest.json`` at it."""
+    """Write a complete checkpoint for ``step`` and point ``latest.json`` at it (crash-safe, see above)."""
     root = Path(root)
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
+    old = root / f".old_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp / "model")
@@ -51,31 +85,56 @@ def save_checkpoint(
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     (tmp / "rng.json").write_text(json.dumps(_rng_state()))
     meta = {"step": step, "peft": is_peft(model), **(state or {})}
-    (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=2))
-    shutil.rmtree(final, ignore_errors=True)
+    (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=2))  # last: marks the folder complete
+    _fault("tmp_written", step)
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+        _fault("old_moved", step)
     tmp.rename(final)
-    (root / "latest.json").write_text(json.dumps({"last_checkpoint": final.name, "step": step}))
+    _fault("renamed", step)
+    write_json_atomic(root / "latest.json", {"last_checkpoint": final.name, "step": step}, step)
+    _fault("pointed", step)
+    shutil.rmtree(old, ignore_errors=True)
     if max_to_keep:
-        prune_checkpoints(root, max_to_keep)
+        prune_checkpoints(root, max_to_keep, step)
     return final
+
+
+def _is_complete(path: Path) -> bool:
+    return path.is_dir() and (path / "trainer_state.json").exists()
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.name.split("_")[-1])
+    except ValueError:
+        return -1
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
     """The newest complete checkpoint under ``root`` (None if there is none)."""
     root = Path(root)
-    pointer = root / "latest.json"
-    if pointer.exists():
-        path = root / json.loads(pointer.read_text())["last_checkpoint"]
-        if (path / "trainer_state.json").exists():
-            return path
-    steps = sorted(p for p in root.glob("step_*") if (p / "trainer_state.json").exists())
+    try:
+        name = json.loads((root / "latest.json").read_text())["last_checkpoint"]
+        if isinstance(name, str) and _is_complete(root / name):
+            return root / name
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no pointer, or torn / stale: scan the folders
+    steps = sorted((p for p in root.glob("step_*") if _is_complete(p)), key=_step_of)
     return steps[-1] if steps else None
 
 
-def prune_checkpoints(root: Path, max_to_keep: int) -> None:
-    steps = sorted(p for p in root.glob("step_*") if p.is_dir())
-    for old in steps[:-max_to_keep]:
-        shutil.rmtree(old, ignore_errors=True)
+def prune_checkpoints(root: Path, max_to_keep: int, step: int = -1) -> None:
+    """Delete all but the newest ``max_to_keep`` steps (renamed away first, then removed)."""
+    for stale in root.glob(".del_step_*"):  # left by an earlier crash
+        shutil.rmtree(stale, ignore_errors=True)
+    steps = sorted((p for p in root.glob("step_*") if p.is_dir()), key=_step_of)
+    for done in steps[:-max_to_keep]:
+        gone = root / f".del_{done.name}"
+        done.rename(gone)
+        _fault("pruning", step)
+        shutil.rmtree(gone, ignore_errors=True)
 
 
 def load_checkpoint(
@@ -128,6 +187,8 @@ def _rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state().tolist(),
         "python": [version, list(internal), gauss],
     }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
     try:
         import numpy as np
 
@@ -140,6 +201,8 @@ def _rng_state() -> dict[str, Any]:
 
 def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     if "numpy" in state:
