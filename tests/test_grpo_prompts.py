@@ -7,6 +7,7 @@ from ludic.data.text_logs import read_text_log
 from ludic.data.thinktactoe import make_grpo_records
 from ludic.envs.prompt_env import PromptEnv, get_reward
 from ludic.recipes.grpo_prompts import TrainPromptsConfig, train_prompts
+from ludic.training.config import TrainerConfig
 
 
 def test_prompt_env_scores_with_named_reward():
@@ -27,7 +28,8 @@ def test_train_prompts_runs_and_writes_grpo_text_log(tiny_model_dir, tmp_path):
     run = tmp_path / "run"
     out = train_prompts(TrainPromptsConfig(model=str(tiny_model_dir), data=str(data), run_dir=str(run),
                                            group_size=2, prompts_per_step=2, train_steps=2,
-                                           max_completion_tokens=6, logger="none", lr=1e-3))
+                                           max_completion_tokens=6, logger="none",
+                                           trainer=TrainerConfig(lr=1e-3)))
     assert out["num_items"] == 4
     logs = list(run.glob("grpo_training_logs_*.txt"))
     header, steps = read_text_log(logs[0])

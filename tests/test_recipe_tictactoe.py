@@ -6,19 +6,20 @@ import sys
 
 from ludic.config import parse_config
 from ludic.recipes.tictactoe import EvalTicTacToeConfig, TrainTicTacToeConfig, evaluate, train
+from ludic.training.config import TrainerConfig
 
 
 def test_config_cli_round_trip():
     cfg = parse_config(TrainTicTacToeConfig, ["--ctx", "truncated", "--group-size", "4", "--no-final-save",
                                               "--adapter", "none", "--lr", "1e-4"])
     assert cfg.ctx == "truncated" and cfg.group_size == 4 and not cfg.final_save and cfg.adapter is None
-    assert cfg.lr == 1e-4
+    assert cfg.trainer.lr == 1e-4 and cfg.trainer.max_grad_norm == 0.5  # the recipe's own default
 
 
 def test_train_writes_run_dir_and_resumes(tiny_model_dir, tmp_path):
     run = tmp_path / "run"
     base = dict(model=str(tiny_model_dir), run_dir=str(run), group_size=2, rollouts_per_update=4,
-                max_completion_tokens=6, logger="none", checkpoint_every=1, concurrency=4)
+                max_completion_tokens=6, logger="none", trainer=TrainerConfig(checkpoint_every=1), concurrency=4)
     m = train(TrainTicTacToeConfig(train_steps=1, **base))
     assert (run / "config.json").exists() and (run / "rollouts.jsonl").exists()
     cfg = json.loads((run / "config.json").read_text())

@@ -1,9 +1,14 @@
-"""Flat dataclass configs -> argparse CLIs, and config dumps into run directories.
+"""Dataclass configs -> argparse CLIs, and config dumps into run directories.
 
-Each command has one flat dataclass. Its fields become ``--kebab-case``
-flags; the string literal under a field (an attribute docstring) becomes the
-flag's help. Booleans get ``--flag`` / ``--no-flag``. Every run writes its
-resolved config as JSON into its run directory.
+Each command has one dataclass. Its fields become ``--kebab-case`` flags;
+the string literal under a field (an attribute docstring) becomes the flag's
+help. Booleans get ``--flag`` / ``--no-flag``; a tuple of floats is written
+``0.9,0.999``. A field whose type is itself a dataclass is a *section*
+shared by several commands (every training recipe embeds ``trainer:
+TrainerConfig``): its fields become flags of their own names (``--lr``,
+``--max-grad-norm``, ...), with the command's default instance as defaults.
+Flag names must be unique across a command and its sections. Every run writes
+its resolved config (sections nested) as JSON into its run directory.
 """
 
 from __future__ import annotations
@@ -49,13 +54,30 @@ def _base_type(tp: Any) -> tuple[type, bool]:
     return tp, False
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
+def _default(f: dataclasses.Field) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, defaults: Any = None,
+                       _seen: dict[str, str] | None = None) -> None:
+    """Add one flag per field of ``cls`` (recursing into section fields)."""
+    seen = {} if _seen is None else _seen
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp, optional = _base_type(hints[f.name])
+        default = getattr(defaults, f.name) if defaults is not None else _default(f)
+        if dataclasses.is_dataclass(tp):
+            add_dataclass_args(parser, tp, default, seen)  # a section: flatten its fields
+            continue
+        if f.name in seen:
+            raise TypeError(f"{cls.__name__}.{f.name}: flag --{f.name} is also defined by {seen[f.name]}")
+        seen[f.name] = cls.__name__
         flag = "--" + f.name.replace("_", "-")
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         help_text = docs.get(f.name, "")
         if tp is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
@@ -66,12 +88,21 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type) -> None:
                 conv = lambda s, _t=tp: None if s.lower() in ("none", "") else _t(s)  # noqa: E731
             parser.add_argument(flag, dest=f.name, type=conv, default=default,
                                 help=f"{help_text} (default: {default})")
+        elif typing.get_origin(tp) is tuple and all(a in (float, Ellipsis) for a in typing.get_args(tp)):
+            parser.add_argument(flag, dest=f.name, type=_floats, default=default,
+                                help=f"{help_text} (comma-separated; default: {','.join(map(str, default))})")
         else:
             raise TypeError(f"{cls.__name__}.{f.name}: unsupported config type {hints[f.name]}")
 
 
 def dataclass_from_args(cls: type[T], ns: argparse.Namespace) -> T:
-    return cls(**{f.name: getattr(ns, f.name) for f in dataclasses.fields(cls)})  # type: ignore[arg-type]
+    """Build ``cls`` (and its sections) from a flat namespace of flags."""
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in dataclasses.fields(cls):
+        tp, _ = _base_type(hints[f.name])
+        values[f.name] = dataclass_from_args(tp, ns) if dataclasses.is_dataclass(tp) else getattr(ns, f.name)
+    return cls(**values)  # type: ignore[arg-type]
 
 
 def parse_config(cls: type[T], argv: list[str] | None = None, prog: str | None = None) -> T:

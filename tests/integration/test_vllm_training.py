@@ -14,7 +14,7 @@ def test_grpo_steps_on_vllm_server_publish_adapters(tmp_path):
     run = tmp_path / "run"
     m = train(TrainTicTacToeConfig(
         inference="vllm", run_dir=str(run), train_steps=2, group_size=4, rollouts_per_update=8,
-        max_completion_tokens=24, logger="none", checkpoint_every=0, lora_rank=8, concurrency=8,
+        max_completion_tokens=24, logger="none", lora_rank=8, concurrency=8,
     ))
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2]

@@ -29,6 +29,7 @@ import torch
 from ludic.config import parse_config
 from ludic.data.jsonl import DatasetError
 from ludic.data.text_logs import read_text_log
+from ludic.training.config import TrainerConfig
 from ludic.recipes.dpo import DPOTrainConfig, dpo, resolve_reference
 from ludic.training.algorithms import make_sft
 from ludic.training.batching import collate, score_actions, split_by_token_budget
@@ -384,9 +385,9 @@ def test_resolve_reference_and_flags():
 def test_recipe_smoke(tiny_model_dir, tmp_path, full):
     data = _write_data(tmp_path / "dpo.jsonl")
     run_dir, logs = tmp_path / "run", tmp_path / "logs"
-    cfg = DPOTrainConfig(model=str(tiny_model_dir), data=str(data), epochs=1, batch_size=2, lr=1e-3,
+    cfg = DPOTrainConfig(model=str(tiny_model_dir), data=str(data), epochs=1, batch_size=2,
                          full_finetune=full, lora_rank=4, lora_alpha=8, run_dir=str(run_dir), logs_dir=str(logs),
-                         logger="none", dtype="float32", max_seq_len=64)
+                         logger="none", dtype="float32", trainer=TrainerConfig(lr=1e-3, max_seq_len=64))
     out = dpo(cfg)
     assert out["steps"] == 2 and out["num_pairs"] == 4 and out["reference"] == ("copy" if full else "base")
     assert json.loads((run_dir / "config.json").read_text())["loss_type"] == "sigmoid"

@@ -19,11 +19,12 @@ import asyncio
 import copy
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ludic.inference.models import DEFAULT_MODEL
+from ludic.training.config import TrainerConfig
 
 REFERENCES = ("auto", "base", "copy")
 
@@ -48,14 +49,9 @@ class DPOTrainConfig:
     reference: str = "auto"
     """auto, base (LoRA only: the base model with the adapter disabled) or copy (a frozen copy of the
     starting policy). auto: base for a fresh LoRA adapter, copy otherwise."""
-    micro_token_budget: int = 8192
-    max_seq_len: int = 1024
-    """Longer pairs lose completion tokens beyond this length; pairs whose prompt alone does not fit are dropped."""
-    lr: float = 1e-6
-    lr_schedule: str = "linear"
-    warmup_steps: int = 0
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-6, lr_schedule="linear"))
+    """Optimisation (--lr, --lr-schedule, --max-seq-len, ...: see TrainerConfig). Pairs whose prompt alone
+    fills max_seq_len are dropped; longer ones lose completion tokens."""
     full_finetune: bool = True
     """Train all weights (else a LoRA adapter with lora_rank / lora_alpha)."""
     lora_rank: int = 16
@@ -68,9 +64,7 @@ class DPOTrainConfig:
     default: the ThinkTacToe data is raw text, as in the seed."""
     max_steps: int = 0
     """Stop after this many steps (0: epochs decide)."""
-    gradient_checkpointing: bool = False
     dtype: str = "auto"
-    checkpoint_every: int = 0
     final_save: bool = True
     run_dir: str | None = None
     logs_dir: str | None = None
@@ -129,11 +123,11 @@ async def _dpo(cfg: DPOTrainConfig) -> dict[str, Any]:
     if cfg.full_finetune and cfg.adapter is not None:
         model = model.merge_and_unload().requires_grad_(True)
     paths = [p.strip() for p in cfg.data.split(",") if p.strip()]
-    pairs, dropped = load_pairs(paths, tok, cfg.chat_template, cfg.max_seq_len)
+    pairs, dropped = load_pairs(paths, tok, cfg.chat_template, cfg.trainer.max_seq_len)
     if not pairs:
-        raise ValueError(f"no preference pairs fit max_seq_len={cfg.max_seq_len} in {cfg.data}")
+        raise ValueError(f"no preference pairs fit max_seq_len={cfg.trainer.max_seq_len} in {cfg.data}")
     if dropped and rank == 0:
-        print(f"[ludic] dropped {dropped} pairs whose prompt alone fills max_seq_len={cfg.max_seq_len}")
+        print(f"[ludic] dropped {dropped} pairs whose prompt alone fills max_seq_len={cfg.trainer.max_seq_len}")
     steps = math.ceil(cfg.epochs * len(pairs) / (cfg.batch_size * world))
     if cfg.max_steps:
         steps = min(steps, cfg.max_steps)
@@ -165,18 +159,13 @@ async def dpo_stage(
     from ludic.distributed import init_distributed
     from ludic.training.dpo import DPOLossConfig, PairBatchSource, make_dpo_objective
     from ludic.training.losses import LossConfig
-    from ludic.training.trainer import Trainer, TrainerConfig
+    from ludic.training.trainer import Trainer
 
     rank, world = init_distributed()
     loss_cfg = DPOLossConfig(beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing)
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if reference == "copy" else None
     source = PairBatchSource(pairs, cfg.batch_size, seed=cfg.seed, rank=rank, world_size=world)
-    tcfg = TrainerConfig(
-        lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, lr_schedule=cfg.lr_schedule,
-        warmup_steps=cfg.warmup_steps, total_steps=steps, micro_token_budget=cfg.micro_token_budget,
-        max_seq_len=cfg.max_seq_len, gradient_checkpointing=cfg.gradient_checkpointing,
-        checkpoint_every=cfg.checkpoint_every,
-    )
+    tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or steps)
     algorithm = Algorithm("dpo", ConstantCredit(), LossConfig(kind="sft"))  # only its name is used
     trainer = Trainer(model, algorithm, source, tcfg, logger=None, checkpoint_dir=run_dir / "checkpoints",
                       tokenizer=tok, ref_model=ref_model, pad_token_id=tok.pad_token_id,

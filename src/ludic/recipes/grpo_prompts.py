@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from ludic.inference.models import DEFAULT_MODEL
+from ludic.training.config import TrainerConfig
 from ludic.types import Rollout
 
 
@@ -41,19 +42,17 @@ class TrainPromptsConfig:
     train_steps: int = 20
     temperature: float = 1.0
     max_completion_tokens: int = 32
-    lr: float = 1e-5
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-5))
+    """Optimisation (--lr, --max-grad-norm, --lr-schedule, ...: see TrainerConfig)."""
     lora_rank: int = 16
     lora_alpha: float = 32.0
     full_finetune: bool = False
     kl_coef: float = 0.0
-    micro_token_budget: int = 8192
-    max_seq_len: int = 1024
     run_dir: str | None = None
     logs_dir: str | None = None
     """Also write the seed's text log (grpo_training_logs_<time>.txt) here (default: the run dir)."""
     logger: str = "rich"
     final_save: bool = True
-    checkpoint_every: int = 0
     resume: bool = True
     dtype: str = "auto"
     seed: int = 0
@@ -86,7 +85,7 @@ async def _train_prompts(cfg: TrainPromptsConfig) -> dict[str, Any]:
     from ludic.training.algorithms import make_algorithm
     from ludic.training.loggers import MultiLogger, make_logger
     from ludic.training.lora import LoraSettings, load_policy
-    from ludic.training.trainer import Trainer, TrainerConfig
+    from ludic.training.trainer import Trainer
     from ludic.types import EnvSpec, RolloutRequest
 
     records = read_jsonl(cfg.data, {"prompt": str})
@@ -128,9 +127,8 @@ async def _train_prompts(cfg: TrainPromptsConfig) -> dict[str, Any]:
     logger = MultiLogger(logger.loggers + [TextLogLogger(cfg.logs_dir or run_dir, "grpo")])
     trainer = Trainer(
         model, algo, source,
-        TrainerConfig(lr=cfg.lr, micro_token_budget=cfg.micro_token_budget, max_seq_len=cfg.max_seq_len,
-                      max_completion_tokens=cfg.max_completion_tokens, total_steps=cfg.train_steps,
-                      checkpoint_every=cfg.checkpoint_every),
+        replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
+                norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.max_completion_tokens),
         publisher=InProcessPublisher(engine), logger=logger, checkpoint_dir=run_dir / "checkpoints",
         tokenizer=tok, pad_token_id=tok.pad_token_id,
     )

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ludic.inference.models import DEFAULT_MODEL
+from ludic.training.config import TrainerConfig
 
 
 @dataclass
@@ -27,13 +28,8 @@ class SFTConfig:
     epochs: float = 1.0
     batch_size: int = 4
     """Examples per optimizer step per rank (effective batch = batch_size x world size)."""
-    micro_token_budget: int = 8192
-    max_seq_len: int = 1024
-    lr: float = 1e-4
-    lr_schedule: str = "cosine"
-    warmup_steps: int = 0
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-4, lr_schedule="cosine"))
+    """Optimisation (--lr, --lr-schedule, --warmup-steps, --max-grad-norm, ...: see TrainerConfig)."""
     full_finetune: bool = True
     """Train all weights (else a LoRA adapter with lora_rank / lora_alpha)."""
     lora_rank: int = 16
@@ -44,9 +40,7 @@ class SFTConfig:
     """Apply the chat template to prompt/completion records (messages records always use it)."""
     max_steps: int = 0
     """Stop after this many steps (0: epochs decide)."""
-    gradient_checkpointing: bool = False
     dtype: str = "auto"
-    checkpoint_every: int = 0
     final_save: bool = True
     run_dir: str | None = None
     logs_dir: str | None = None
@@ -98,16 +92,11 @@ async def sft_stage(
     from ludic.data.offline import OfflineBatchSource
     from ludic.training.algorithms import make_sft
     from ludic.distributed import init_distributed
-    from ludic.training.trainer import Trainer, TrainerConfig
+    from ludic.training.trainer import Trainer
 
     rank, world = init_distributed()
     source = OfflineBatchSource(items, cfg.batch_size, seed=cfg.seed, rank=rank, world_size=world)
-    tcfg = TrainerConfig(
-        lr=cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm, lr_schedule=cfg.lr_schedule,
-        warmup_steps=cfg.warmup_steps, total_steps=steps, micro_token_budget=cfg.micro_token_budget,
-        max_seq_len=cfg.max_seq_len, gradient_checkpointing=cfg.gradient_checkpointing,
-        checkpoint_every=cfg.checkpoint_every,
-    )
+    tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or steps)
     trainer = Trainer(model, make_sft(), source, tcfg, logger=None, checkpoint_dir=run_dir / "checkpoints",
                       tokenizer=tok, pad_token_id=tok.pad_token_id)
     if cfg.resume:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -26,6 +26,7 @@ from ludic.interaction import SingleAgentProtocol
 from ludic.parsers import think_move_parser
 from ludic.rollouts.batch import RolloutBatchSource
 from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
+from ludic.training.config import TrainerConfig
 from ludic.types import EnvSpec, Rollout, RolloutRequest
 
 SYSTEM_PROMPT = (
@@ -70,8 +71,10 @@ class TrainTicTacToeConfig:
     """Compact board rendering (about a third fewer prompt tokens)."""
     show_opponent_move: bool = True
     """Start observations with the opponent's last move."""
-    lr: float = 5e-5
-    max_grad_norm: float = 0.5
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=5e-5, max_grad_norm=0.5, checkpoint_every=10))
+    """Optimisation (--lr, --max-grad-norm, --ppo-epochs, ...: see TrainerConfig)."""
+    merge_turns: bool = True
+    """One training sequence per episode when the context is append-only (ctx full); else one item per turn."""
     lora_rank: int = 8
     lora_alpha_mult: float = 2.0
     """LoRA alpha = rank * this."""
@@ -79,16 +82,11 @@ class TrainTicTacToeConfig:
     full_finetune: bool = False
     """Train all weights instead of a LoRA adapter."""
     kl_coef: float = 0.0
-    max_seq_len: int = 1024
-    micro_token_budget: int = 8192
-    gradient_checkpointing: bool = False
     dtype: str = "auto"
     eval_every: int = 0
     """Evaluate every N steps (0: only at the end if eval_episodes > 0)."""
     eval_episodes: int = 0
     eval_temperature: float = 0.0
-    checkpoint_every: int = 10
-    max_to_keep: int = 2
     final_save: bool = True
     """Save a checkpoint at the end of training (in addition to periodic saves)."""
     resume: bool = True
@@ -219,7 +217,7 @@ async def grpo_stage(
     when ``cfg.eval_episodes`` > 0; writes ``summary.json``.
     """
     from ludic.training.algorithms import make_algorithm
-    from ludic.training.trainer import Trainer, TrainerConfig
+    from ludic.training.trainer import Trainer
 
     factory = make_protocol_factory(inference.client, cfg.ctx, cfg.train_temperature, cfg.max_completion_tokens)
     engine = RolloutEngine({"single_agent": factory}, concurrency=cfg.concurrency,
@@ -235,14 +233,10 @@ async def grpo_stage(
 
     source = RolloutBatchSource(
         engine, requests_fn, algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
-        sample_filter=algo.sample_filter, metrics_fn=tictactoe_metrics,
+        sample_filter=algo.sample_filter, metrics_fn=tictactoe_metrics, merge_turns=cfg.merge_turns,
     )
-    tcfg = TrainerConfig(
-        lr=cfg.lr, max_grad_norm=cfg.max_grad_norm, micro_token_budget=cfg.micro_token_budget,
-        max_seq_len=cfg.max_seq_len, max_completion_tokens=cfg.max_completion_tokens,
-        gradient_checkpointing=cfg.gradient_checkpointing, checkpoint_every=cfg.checkpoint_every,
-        max_to_keep=cfg.max_to_keep, total_steps=cfg.train_steps,
-    )
+    tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
+                   norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.max_completion_tokens * cfg.max_steps_per_episode)
     trainer = Trainer(
         model, algo, source, tcfg, publisher=inference.publisher, logger=logger,
         checkpoint_dir=run_dir / "checkpoints", tokenizer=tok, pad_token_id=tok.pad_token_id,

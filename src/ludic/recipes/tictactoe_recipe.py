@@ -78,6 +78,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         run_eval,
     )
     from ludic.rollouts.engine import RolloutEngine
+    from ludic.training.config import TrainerConfig
     from ludic.training.loggers import make_logger
     from ludic.training.lora import LoraSettings, apply_lora, load_policy
 
@@ -122,9 +123,10 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     sft_steps = cfg.sft_steps or math.ceil(cfg.sft_epochs * len(items) / cfg.sft_batch_size)
-    sft_cfg = SFTConfig(model=cfg.model, batch_size=cfg.sft_batch_size, lr=cfg.sft_lr, max_steps=sft_steps,
-                        micro_token_budget=cfg.micro_token_budget, final_save=True, resume=False, seed=cfg.seed,
-                        warmup_steps=max(1, sft_steps // 20))
+    sft_cfg = SFTConfig(model=cfg.model, batch_size=cfg.sft_batch_size, max_steps=sft_steps, final_save=True,
+                        resume=False, seed=cfg.seed,
+                        trainer=TrainerConfig(lr=cfg.sft_lr, lr_schedule="cosine", micro_token_budget=cfg.micro_token_budget,
+                                              warmup_steps=max(1, sft_steps // 20)))
     sft_dir = run_dir / "sft"
     sft_logger = make_logger(cfg.logger, sft_dir, asdict(sft_cfg), total_steps=sft_steps)
     await sft_stage(sft_cfg, model, tok, items, sft_dir, sft_logger, sft_steps)
@@ -140,9 +142,10 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     grpo_cfg = TrainTicTacToeConfig(
         model=str(sft_dir / "final"), ctx=cfg.ctx, compact=cfg.compact,
         show_opponent_move=cfg.show_opponent_move, group_size=cfg.group_size,
-        rollouts_per_update=cfg.rollouts_per_update, train_steps=cfg.grpo_steps, lr=cfg.grpo_lr,
+        rollouts_per_update=cfg.rollouts_per_update, train_steps=cfg.grpo_steps,
         opponent=cfg.opponent, epsilon=cfg.epsilon, max_completion_tokens=cfg.max_completion_tokens,
-        lora_rank=cfg.lora_rank, micro_token_budget=cfg.micro_token_budget, checkpoint_every=0,
+        lora_rank=cfg.lora_rank,
+        trainer=TrainerConfig(lr=cfg.grpo_lr, max_grad_norm=0.5, micro_token_budget=cfg.micro_token_budget),
         final_save=True, resume=False, seed=cfg.seed, concurrency=64,
     )
     grpo_dir = run_dir / "grpo"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
@@ -38,6 +38,7 @@ from ludic.training.batching import (
     truncate_item,
 )
 from ludic.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ludic.training.config import TrainerConfig
 from ludic.training.losses import LossInputs, compute_loss
 from ludic.types import SAWItem
 
@@ -65,46 +66,6 @@ def policy_gradient_objective(
 # Stats from compute_loss that are this micro-batch's share of a batch total (summed);
 # every other stat is a per-token mean (averaged, weighted by tokens).
 _SUMMED = {"loss", "policy_loss", "kl_loss", "entropy_loss"}
-
-
-@dataclass
-class TrainerConfig:
-    """Optimisation settings (flat, serialisable, dumped into the run directory)."""
-
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = 1.0
-    lr_schedule: str = "constant"
-    """"constant", "linear" or "cosine" decay to 0 over ``total_steps`` (after warmup)."""
-    warmup_steps: int = 0
-    total_steps: int = 0
-    micro_token_budget: int = 8192
-    """Most padded tokens (longest sequence x rows) in one forward/backward."""
-    max_seq_len: int = 1024
-    """Longer items lose completion tokens beyond this length."""
-    max_completion_tokens: int | None = None
-    """Dr.GRPO constant normaliser (defaults to the longest completion in the batch)."""
-    gradient_checkpointing: bool = False
-    max_lag: int | None = None
-    """Drop items sampled more than this many policy versions ago (async pipelines)."""
-    publish_every: int = 1
-    """Publish weights to the inference engine every N optimizer steps."""
-    checkpoint_every: int = 0
-    """Save every N steps (0: only on request / final save)."""
-    max_to_keep: int = 2
-    max_empty_steps: int = 5
-    """Stop the run after this many batches in a row with no trainable item on any rank."""
-    ppo_epochs: int = 1
-    """PPO inner loop: passes over each collected batch (the importance ratio moves away from 1)."""
-    num_minibatches: int = 1
-    """PPO inner loop: optimizer steps per pass (the batch is shuffled and split)."""
-
-    def __post_init__(self) -> None:
-        if self.ppo_epochs < 1 or self.num_minibatches < 1:
-            raise ValueError(
-                f"ppo_epochs ({self.ppo_epochs}) and num_minibatches ({self.num_minibatches}) must be >= 1"
-            )
 
 
 class Trainer:
@@ -379,7 +340,7 @@ class Trainer:
         var = max(s2 / n_items - mean * mean, 0.0) if n_items else 0.0
         return {
             "tokens": max(tokens, 1.0), "segments": max(segs, 1.0), "segments_raw": n_items,
-            "max_tokens": float(self.cfg.max_completion_tokens or longest),
+            "max_tokens": float(self.cfg.norm_max_tokens or longest),
             "adv_mean": mean, "adv_std": math.sqrt(var),
         }
 

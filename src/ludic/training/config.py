@@ -1,0 +1,53 @@
+"""The trainer section of every training recipe's config (a plain dataclass, no heavy imports)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class TrainerConfig:
+    """Optimisation settings: the trainer section every training recipe embeds (``trainer:
+    TrainerConfig``), so each recipe takes the same flags (``--lr``, ``--max-grad-norm``, ...)."""
+
+    lr: float = 1e-5
+    """AdamW learning rate (peak, after warmup)."""
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this."""
+    lr_schedule: str = "constant"
+    """"constant", "linear" or "cosine" decay to 0 over ``total_steps`` (after warmup)."""
+    warmup_steps: int = 0
+    """Linear warmup from lr/warmup_steps to lr."""
+    total_steps: int = 0
+    """Length of the decay schedule (0: the recipe's number of steps)."""
+    micro_token_budget: int = 8192
+    """Most padded tokens (longest sequence x rows) in one forward/backward."""
+    max_seq_len: int = 1024
+    """Longer items lose completion tokens beyond this length."""
+    norm_max_tokens: int | None = None
+    """Dr.GRPO constant normaliser L (default: the most trained tokens of an item in the batch)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward (less memory, ~30% more compute)."""
+    max_lag: int | None = None
+    """Drop items sampled more than this many policy versions ago (async pipelines)."""
+    publish_every: int = 1
+    """Publish weights to the inference engine every N optimizer steps."""
+    checkpoint_every: int = 0
+    """Save every N steps (0: only on request / final save)."""
+    max_to_keep: int = 2
+    """Checkpoints kept on disk."""
+    max_empty_steps: int = 5
+    """Stop the run after this many batches in a row with no trainable item on any rank."""
+    ppo_epochs: int = 1
+    """PPO inner loop: passes over each collected batch (the importance ratio moves away from 1)."""
+    num_minibatches: int = 1
+    """PPO inner loop: optimizer steps per pass (the batch is shuffled and split)."""
+
+    def __post_init__(self) -> None:
+        if self.ppo_epochs < 1 or self.num_minibatches < 1:
+            raise ValueError(
+                f"ppo_epochs ({self.ppo_epochs}) and num_minibatches ({self.num_minibatches}) must be >= 1"
+            )
