@@ -220,3 +220,46 @@ def test_ppo_inner_loop_epochs_and_minibatches_over_one_collected_batch(tiny_mod
     assert trainer.scheduler.last_epoch == 1
     assert m["clip_frac/epoch_2"] > m["clip_frac/epoch_0"] and m["clip_frac/epoch_2"] > 0.0
     assert m["ratio_max/epoch_2"] > 1.2
+
+
+class ServerPublisher:
+    """Records pushes like a remote server would see them (version numbers, force flags)."""
+
+    def __init__(self, server_version):
+        self.version, self.pushes = server_version, []
+
+    def server_version(self):
+        return self.version
+
+    def publish(self, model, version, *, force=False):
+        if version <= self.version and not force:
+            raise RuntimeError(f"server rejects version {version} <= {self.version}")
+        self.pushes.append((version, force))
+        self.version = version
+        return {}
+
+
+class WatchingSource(FixedSource):
+    def __init__(self, items, publisher):
+        super().__init__(items)
+        self.publisher, self.seen = publisher, []
+
+    async def next_batch(self):
+        self.seen.append(list(self.publisher.pushes))
+        return await super().next_batch()
+
+
+@pytest.mark.parametrize("server_version,reset,expect", [
+    (0, False, [(1, False), (2, False)]),   # a fresh server: the starting weights become version 1
+    (7, False, [(8, False), (9, False)]),   # a reused server ahead of us: adopt its version, never crash
+    (7, True, [(0, True), (1, False)]),     # an explicit reset forces the server back to our version
+])
+def test_starting_weights_are_published_before_the_first_rollout(tiny_model_dir, server_version, reset, expect):
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32")
+    pub = ServerPublisher(server_version)
+    source = WatchingSource(_sft_items(2), pub)
+    trainer = Trainer(model, make_sft(), source, TrainerConfig(reset_server_version=reset), publisher=pub,
+                      pad_token_id=tok.pad_token_id)
+    asyncio.run(trainer.train(1))
+    assert source.seen[0] == expect[:1]  # the first batch was sampled after the starting weights were pushed
+    assert pub.pushes == expect and trainer.policy_version == expect[-1][0]
