@@ -35,6 +35,9 @@ class TrainerConfig:
     """Drop items sampled more than this many policy versions ago (async pipelines)."""
     publish_every: int = 1
     """Publish weights to the inference engine every N optimizer steps."""
+    reset_server_version: bool = False
+    """At start, force the inference servers back to this trainer's policy version (default: adopt a
+    higher server version, publishing the starting weights as the next one)."""
     checkpoint_every: int = 0
     """Save every N steps (0: only on request / final save)."""
     max_to_keep: int = 2

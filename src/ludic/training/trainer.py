@@ -122,6 +122,8 @@ class Trainer:
         self.policy_version = 0
         self.empty_streak = 0
         """Batches in a row that had no trainable item on any rank."""
+        self.started = False
+        """Whether the starting weights were published (``publish_start``)."""
         self.device = next(model.parameters()).device
         if self.cfg.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -157,6 +159,8 @@ class Trainer:
         ``max_empty_steps`` such batches in a row stop the run with an error.
         """
         t0 = time.perf_counter()
+        if not self.started:
+            self.publish_start()
         batch = await self.source.next_batch()
         t_data = time.perf_counter() - t0
         items, admitted = self._admit(batch.items)
@@ -180,6 +184,33 @@ class Trainer:
         if self.logger is not None:
             self.logger.log(self.step, metrics)
         return metrics
+
+    def publish_start(self) -> dict[str, Any]:
+        """Publish the starting weights (fresh, resumed or ``--adapter``) before the first rollout.
+
+        A reused inference server may be ahead (an earlier run pushed version 7): the trainer
+        adopts it and publishes its weights as the next version, so every later push is newer and
+        versions stay monotonic. ``reset_server_version`` forces the server back to this
+        trainer's version instead. In-process engines (no ``server_version``) just take the version.
+        """
+        self.started = True
+        if self.publisher is None:
+            return {}
+        remote = self.publisher.server_version() if hasattr(self.publisher, "server_version") else None
+        remote = int(self._broadcast(remote if remote is not None else -1))
+        force = self.cfg.reset_server_version and remote >= 0
+        if remote >= self.policy_version and not force:
+            self.policy_version = remote + 1
+        out = self.publisher.publish(self.model, self.policy_version, **({"force": True} if force else {})) or {}
+        return {f"publish_{k}": v for k, v in out.items()}
+
+    def _broadcast(self, value: float) -> float:
+        """Rank 0's ``value`` on every rank (only rank 0 talks to servers)."""
+        if not is_distributed():
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64)
+        torch.distributed.broadcast(t, src=0)
+        return float(t)
 
     def _empty_step(self, metrics: dict[str, Any]) -> dict[str, Any]:
         self.empty_streak += 1
@@ -416,8 +447,7 @@ class Trainer:
         self.policy_version = int(state.get("policy_version", self.step))
         if "source_state" in state and hasattr(self.source, "load_state_dict"):
             self.source.load_state_dict(state["source_state"])
-        if self.publisher is not None:
-            self.publisher.publish(self.model, self.policy_version)
+        self.started = False  # the resumed weights are published before the next rollout
         return True
 
 
