@@ -87,3 +87,38 @@ class ScriptedClient:
 @pytest.fixture
 def scripted():
     return ScriptedClient
+
+
+def vowel_grpo_trainer(model_dir, run_dir, trainer_cfg, *, max_tokens=8, strategy_seed=0):
+    """(model, engine, trainer): GRPO + LoRA r4 on the tiny model, 2 groups of 4 VowelEnv episodes per step,
+    sampled by the in-process engine, rollouts logged to run_dir/rollouts.jsonl, checkpoints in run_dir/ckpt."""
+    from ludic.agents.agent import Agent
+    from ludic.context import FullDialog
+    from ludic.inference.client import SamplingParams
+    from ludic.inference.publish import InProcessPublisher
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.interaction import SingleAgentProtocol
+    from ludic.rollouts.batch import RolloutBatchSource
+    from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
+    from ludic.training.algorithms import make_algorithm
+    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.trainer import Trainer
+    from ludic.types import EnvSpec, RolloutRequest
+
+    model, tok = load_policy(str(model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    engine = TransformersEngine(model, tok, batch_wait_s=0.05)
+
+    def factory():
+        agent = Agent(engine, FullDialog("Talk."), sampling=SamplingParams(temperature=1.0, max_tokens=max_tokens),
+                      reject_incomplete=False)
+        return SingleAgentProtocol(agent)
+
+    algo = make_algorithm("grpo")
+    source = RolloutBatchSource(
+        RolloutEngine({"single_agent": factory}, concurrency=16, jsonl_path=run_dir / "rollouts.jsonl"),
+        lambda: [RolloutRequest(EnvSpec("test_vowels"), max_steps=1)] * 2, algo.credit,
+        strategy=GRPORequestStrategy(4, seed=strategy_seed),
+    )
+    trainer = Trainer(model, algo, source, trainer_cfg, publisher=InProcessPublisher(engine),
+                      checkpoint_dir=run_dir / "ckpt", tokenizer=tok, pad_token_id=tok.pad_token_id)
+    return model, engine, trainer

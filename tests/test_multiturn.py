@@ -2,7 +2,6 @@
 per-turn items otherwise, and in both cases every episode counts once in the loss."""
 
 import pytest
-import torch
 
 from ludic.agents.agent import Agent
 from ludic.context import FullDialog, LastObservationContext

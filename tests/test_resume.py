@@ -10,20 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import vowel_grpo_trainer
 
-from ludic.agents.agent import Agent
-from ludic.context import FullDialog
-from ludic.inference.client import SamplingParams
-from ludic.inference.publish import InProcessPublisher
-from ludic.inference.transformers_engine import TransformersEngine
-from ludic.interaction import SingleAgentProtocol
-from ludic.rollouts.batch import RolloutBatchSource
-from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine, read_rollouts
-from ludic.training.algorithms import make_algorithm
+from ludic.rollouts.engine import read_rollouts
 from ludic.training.checkpoint import latest_checkpoint, load_checkpoint
 from ludic.training.lora import LoraSettings, load_policy
-from ludic.training.trainer import Trainer, TrainerConfig
-from ludic.types import EnvSpec, RolloutRequest
+from ludic.training.trainer import TrainerConfig
 
 WORKER = str(Path(__file__).with_name("ckpt_crash_worker.py"))
 FAULT_POINTS = ("tmp_written", "renamed", "pointer_tmp", "pointed", "pruning", "old_moved")
@@ -33,26 +25,12 @@ step is saved again (the final save after a periodic one), the old folder moved 
 
 
 def _run(model_dir, run_dir):
-    """A fresh GRPO run (new model, engine, source, trainer), as a restarted process would build it."""
+    """A fresh GRPO run (new model, engine, source, trainer), as a restarted process would build it.
+
+    env_seed is None in the requests: the strategy draws env and sampling seeds from its RNG."""
     torch.manual_seed(1234)  # whatever the process did before must not matter after a resume
-    model, tok = load_policy(str(model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
-    engine = TransformersEngine(model, tok, batch_wait_s=0.05)
-
-    def factory():
-        agent = Agent(engine, FullDialog("Talk."), sampling=SamplingParams(temperature=1.0, max_tokens=6),
-                      reject_incomplete=False)
-        return SingleAgentProtocol(agent)
-
-    algo = make_algorithm("grpo")
-    # env_seed None: the strategy draws env seeds and sampling seeds from its RNG
-    source = RolloutBatchSource(
-        RolloutEngine({"single_agent": factory}, concurrency=16, jsonl_path=run_dir / "rollouts.jsonl"),
-        lambda: [RolloutRequest(EnvSpec("test_vowels"), max_steps=1)] * 2, algo.credit,
-        strategy=GRPORequestStrategy(4, seed=7),
-    )
-    trainer = Trainer(model, algo, source, TrainerConfig(lr=5e-2, checkpoint_every=1, max_to_keep=5),
-                      publisher=InProcessPublisher(engine), checkpoint_dir=run_dir / "ckpt", tokenizer=tok,
-                      pad_token_id=tok.pad_token_id)
+    model, _, trainer = vowel_grpo_trainer(model_dir, run_dir, TrainerConfig(lr=5e-2, checkpoint_every=1,
+                                                                            max_to_keep=5), max_tokens=6, strategy_seed=7)
     return model, trainer
 
 

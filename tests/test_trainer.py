@@ -4,19 +4,12 @@ import asyncio
 
 import pytest
 import torch
+from conftest import vowel_grpo_trainer
 
-from ludic.agents.agent import Agent
-from ludic.context import FullDialog
-from ludic.inference.publish import InProcessPublisher
-from ludic.inference.client import SamplingParams
-from ludic.inference.transformers_engine import TransformersEngine
-from ludic.interaction import SingleAgentProtocol
-from ludic.rollouts.batch import RolloutBatchSource
-from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
 from ludic.training.algorithms import make_algorithm, make_sft
 from ludic.training.lora import LoraSettings, load_policy
 from ludic.training.trainer import Trainer, TrainerConfig
-from ludic.types import EnvSpec, RolloutRequest, SAWBatch, SAWItem
+from ludic.types import SAWBatch, SAWItem
 
 
 class FixedSource:
@@ -48,24 +41,7 @@ def test_one_step_lowers_loss_on_fixed_batch(tiny_model_dir):
 
 
 def _grpo_setup(model_dir, run_dir, steps=2):
-    model, tok = load_policy(str(model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
-    engine = TransformersEngine(model, tok)
-
-    def factory():
-        agent = Agent(engine, FullDialog("Talk."), sampling=SamplingParams(temperature=1.0, max_tokens=8),
-                      reject_incomplete=False)
-        return SingleAgentProtocol(agent)
-
-    algo = make_algorithm("grpo")
-    source = RolloutBatchSource(
-        RolloutEngine({"single_agent": factory}, concurrency=8, jsonl_path=run_dir / "rollouts.jsonl"),
-        lambda: [RolloutRequest(EnvSpec("test_vowels"), max_steps=1)] * 2, algo.credit,
-        strategy=GRPORequestStrategy(4, seed=0),
-    )
-    trainer = Trainer(model, algo, source, TrainerConfig(lr=5e-2, checkpoint_every=steps, max_to_keep=3),
-                      publisher=InProcessPublisher(engine), checkpoint_dir=run_dir / "ckpt", tokenizer=tok,
-                      pad_token_id=tok.pad_token_id)
-    return model, engine, trainer
+    return vowel_grpo_trainer(model_dir, run_dir, TrainerConfig(lr=5e-2, checkpoint_every=steps, max_to_keep=3))
 
 
 def test_grpo_end_to_end_changes_lora_and_resumes(tiny_model_dir, tmp_path):
@@ -179,7 +155,7 @@ def test_empty_steps_do_not_advance_schedule_version_or_publish_and_stop_the_run
     lr0 = trainer.scheduler.get_last_lr()[0]
     m = asyncio.run(trainer.train_step())
     assert m["empty_batch"] and trainer.step == 0 and trainer.policy_version == 0
-    assert trainer.scheduler.get_last_lr()[0] == lr0 and pub.versions == []
+    assert trainer.scheduler.get_last_lr()[0] == lr0 and pub.versions == [0]  # only the starting weights
     with pytest.raises(RuntimeError, match="3 empty batches in a row"):
         asyncio.run(trainer.train(5))
 
@@ -218,7 +194,7 @@ def test_ppo_inner_loop_epochs_and_minibatches_over_one_collected_batch(tiny_mod
     m = asyncio.run(trainer.train_step())
     steps = {int(s["step"]) for s in trainer.optimizer.state_dict()["state"].values()}
     assert steps == {6}  # 3 epochs x 2 minibatches
-    assert trainer.step == 1 and trainer.policy_version == 1 and pub.versions == [1]
+    assert trainer.step == 1 and trainer.policy_version == 1 and pub.versions == [0, 1]  # start, then once
     assert trainer.scheduler.last_epoch == 1
     assert m["clip_frac/epoch_2"] > m["clip_frac/epoch_0"] and m["clip_frac/epoch_2"] > 0.0
     assert m["ratio_max/epoch_2"] > 1.2

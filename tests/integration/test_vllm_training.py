@@ -65,3 +65,42 @@ def test_eval_of_an_adapter_served_by_name(tmp_path):
         assert len(out.read_text().splitlines()) >= 4
     finally:
         server.stop()
+
+
+def test_adapter_run_on_vllm_samples_from_the_sft_policy(tmp_path):
+    """--inference vllm --adapter <sft>: the server serves base + merged SFT adapter, the trainer's fresh LoRA
+    is pushed on top before the first rollout, and the first rollouts' log-probs are the SFT policy's."""
+    import torch
+
+    from ludic.inference.models import packaged_model_dir
+    from ludic.rollouts.engine import read_rollouts
+    from ludic.training.batching import collate, score_actions
+    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.types import SAWItem
+
+    base = str(packaged_model_dir())
+    sft, tok = load_policy(base, lora=LoraSettings(rank=8, alpha=16), dtype="float32", seed=1)
+    with torch.no_grad():
+        for n, p in sft.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.01)  # an "SFT" adapter that visibly moves the policy
+    sft.save_pretrained(tmp_path / "sft_adapter")
+    run = tmp_path / "run"
+    train(TrainTicTacToeConfig(
+        inference="vllm", adapter=str(tmp_path / "sft_adapter"), run_dir=str(run), train_steps=1, group_size=4,
+        rollouts_per_update=4, max_completion_tokens=12, logger="none", lora_rank=8, concurrency=4,
+        dtype="float32", final_save=False,
+    ))
+    steps = [s for r in read_rollouts(run / "rollouts.jsonl") for s in r.steps if s.trace and s.trace.completion_ids]
+    assert steps and {v for s in steps for v in s.trace.policy_versions} == {1}  # the pushed starting weights
+    items = [SAWItem(s.trace.prompt_ids, s.trace.completion_ids, 1.0, s.trace.logprobs) for s in steps]
+    mb = collate(items, tok.pad_token_id)
+
+    def scores(adapter):
+        model, _ = load_policy(base, adapter=adapter, dtype="float32")
+        with torch.no_grad():
+            return score_actions(model, mb)[0]
+
+    from_sft = (scores(str(tmp_path / "sft_adapter")) - mb.old_logp).abs().mean()
+    from_base = (scores(None) - mb.old_logp).abs().mean()
+    assert from_sft < 0.05 and from_base > 3 * from_sft, (float(from_sft), float(from_base))

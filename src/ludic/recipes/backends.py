@@ -48,15 +48,18 @@ def in_process(engine: Any) -> Inference:
 
 
 async def make_inference(
-    kind: str, model: Any, tokenizer: Any, model_name: str, run_dir: Path, *, host: str = "127.0.0.1", port: int = 0
+    kind: str, model: Any, tokenizer: Any, model_name: str, run_dir: Path, *, host: str = "127.0.0.1", port: int = 0,
+    dtype: str = "auto",
 ) -> Inference:
-    """Backend for a training run on ``model`` (which the trainer updates)."""
+    """Backend for a training run on ``model`` (which the trainer updates); ``model_name`` is what a
+    started vLLM server serves (the base weights under the LoRA)."""
     if kind == "transformers":
         from ludic.inference.transformers_engine import TransformersEngine
 
         return in_process(TransformersEngine(model, tokenizer))
     if kind == "vllm":
-        return await make_vllm_training_inference(model, tokenizer, model_name, run_dir, host=host, port=port)
+        return await make_vllm_training_inference(model, tokenizer, model_name, run_dir, host=host, port=port,
+                                                  dtype=dtype)
     raise ValueError(f"unknown inference backend {kind!r}: use transformers or vllm")
 
 
@@ -75,7 +78,8 @@ async def make_eval_client(cfg: Any) -> tuple[ChatClient, Callable[[], Awaitable
 
 
 async def make_vllm_training_inference(
-    model: Any, tokenizer: Any, model_name: str, run_dir: Path, *, host: str = "127.0.0.1", port: int = 0
+    model: Any, tokenizer: Any, model_name: str, run_dir: Path, *, host: str = "127.0.0.1", port: int = 0,
+    dtype: str = "auto",
 ) -> Any:
     """Client + publisher for training on a vLLM server (started here when ``port`` is 0)."""
     from ludic.inference.publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher
@@ -88,7 +92,7 @@ async def make_vllm_training_inference(
         rank = max(cfg.r for cfg in model.peft_config.values()) if peft else 16
         server = VLLMServerProcess(
             model_name, extra_args=["--enable-lora", "--max-lora-rank", str(max(rank, 8))],
-            log_path=run_dir / "vllm_server.log",
+            log_path=run_dir / "vllm_server.log", dtype=dtype,
         ).start()
         url = server.url
     else:

@@ -186,7 +186,7 @@ def train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
 async def _train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
     from ludic.recipes.backends import make_inference
     from ludic.training.loggers import make_logger
-    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.lora import LoraSettings, load_policy, save_merged_base
 
     if cfg.rollouts_per_update % cfg.group_size:
         raise ValueError(
@@ -199,7 +199,18 @@ async def _train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
         rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult, dropout=cfg.lora_dropout
     )
     model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
-    inference = await make_inference(cfg.inference, model, tok, cfg.model, run_dir, host=cfg.host, port=cfg.port)
+    served = cfg.model
+    if cfg.adapter and cfg.inference == "vllm":
+        # the policy is base + merged adapter (+ a fresh LoRA): the server must serve those weights
+        served = str(save_merged_base(model, tok, run_dir / "base_model"))
+        if cfg.port:
+            raise ValueError(
+                f"--adapter with a running server (--port {cfg.port}): the server must serve the merged "
+                f"starting policy, now saved in {served}. Start it with --model {served}, then train with "
+                f"--model {served} and no --adapter (or leave --port 0 to let this run start the server)."
+            )
+    inference = await make_inference(cfg.inference, model, tok, served, run_dir, host=cfg.host, port=cfg.port,
+                                     dtype=cfg.dtype)
     logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
     try:
         return await grpo_stage(cfg, model, tok, inference, run_dir, logger)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,3 +63,22 @@ def load_policy(
         torch.manual_seed(seed)
         model = apply_lora(model, lora)
     return model, tok
+
+
+def save_merged_base(model: Any, tokenizer: Any, out: Path) -> Path:
+    """Save the weights under the trainable LoRA (the base with any ``--adapter`` merged in) as an HF
+    folder, for an inference server to serve. Call it before training: a fresh LoRA adds nothing yet."""
+    from safetensors.torch import save_file
+
+    from ludic.inference.models import is_peft
+    from ludic.inference.publish import merged_state_dict
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = model.get_base_model() if is_peft(model) else model
+    base.config.save_pretrained(out)
+    if getattr(base, "generation_config", None) is not None:
+        base.generation_config.save_pretrained(out)
+    save_file(merged_state_dict(model, dtype=None), str(out / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(out)
+    return out

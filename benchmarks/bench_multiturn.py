@@ -1,0 +1,118 @@
+"""Multi-turn training cost: one merged sequence per episode against one item per turn, one run.
+
+Workload: 16 tic-tac-toe episodes (4 GRPO groups of 4) with ``FullDialog`` (token-in), the
+solver teacher as the policy (real templated ``<think>...</think><move>..</move>`` replies,
+tokenised with the packaged SmolLM2 chat template, so episodes run 3-5 agent turns against a
+mixed opponent), then a GRPO optimizer step on SmolLM2-135M-Instruct with LoRA r16:
+
+    merged     build_saw_items(..., merge_turns=True)   one sequence per episode (FullDialog)
+    per-turn   build_saw_items(..., merge_turns=False)  one item per turn, each re-reading the history
+
+    python benchmarks/bench_multiturn.py [--repeats 2] [--dtype auto]
+
+Prints trained (sampled) tokens and sequence tokens (what the trainer's forward pass reads)
+per episode, and the optimizer step time (median of the repeats, after one warm-up each),
+with the CPU's bf16 support and the dtype. Compare only within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+from pathlib import Path
+
+
+class TeacherClient:
+    """A ChatClient that plays the perfect solver's move on its env's board, as real tokens.
+
+    Prompt ids come from the agent (token-in); the reply is the teacher's templated text,
+    tokenised and closed with EOS, with placeholder log-probs (-1.0) and policy version 0.
+    """
+
+    def __init__(self, env, tokenizer, seed: int) -> None:
+        self.env, self._tok, self.rng = env, tokenizer, random.Random(seed)
+
+    @property
+    def tokenizer(self):
+        return self._tok
+
+    async def complete(self, request):
+        from ludic.data.synth import teacher_reply
+        from ludic.inference.client import ChatResponse
+        from ludic.tokenization import render_ids
+        from ludic.types import TokenTrace
+
+        text = teacher_reply(self.env.board, self.rng)
+        prompt = request.prompt_ids or tuple(render_ids(self._tok, request.messages))
+        ids = self._tok(text, add_special_tokens=False)["input_ids"] + [self._tok.eos_token_id]
+        return ChatResponse(text, TokenTrace(tuple(prompt), tuple(ids), (-1.0,) * len(ids), (0,) * len(ids)))
+
+
+async def teacher_rollouts(tok, n: int = 16, group: int = 4):
+    from ludic.agents.agent import Agent
+    from ludic.context import FullDialog
+    from ludic.envs.tictactoe import TicTacToeEnv
+    from ludic.interaction import SingleAgentProtocol
+    from ludic.parsers import think_move_parser
+    from ludic.recipes.tictactoe import SYSTEM_PROMPT
+
+    async def one(i: int):
+        env = TicTacToeEnv(opponent="mixed", epsilon=0.5, agent_starts=i % 2 == 0)
+        agent = Agent(TeacherClient(env, tok, seed=i), FullDialog(SYSTEM_PROMPT), think_move_parser())
+        [r] = await SingleAgentProtocol(agent).run(env, max_steps=5, env_seed=i)
+        r.meta["group_id"] = f"g{i // group}"
+        return r
+
+    return await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def cpu_bf16() -> bool:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def main() -> None:
+    from ludic.inference.models import packaged_model_dir, resolve_dtype
+    from ludic.rollouts.batch import build_saw_items
+    from ludic.training.algorithms import make_algorithm
+    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.trainer import Trainer, TrainerConfig
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--episodes", type=int, default=16)
+    args = ap.parse_args()
+    model_dir, dtype = str(packaged_model_dir()), resolve_dtype(args.dtype)
+    model, tok = load_policy(model_dir, lora=LoraSettings(rank=16, alpha=32), dtype=dtype, seed=0)
+    rollouts = asyncio.run(teacher_rollouts(tok, args.episodes))
+    turns = sum(len(r.steps) for r in rollouts) / len(rollouts)
+    algo = make_algorithm("grpo")
+    trainer = Trainer(model, algo, None, TrainerConfig(lr=1e-5, micro_token_budget=4096, max_seq_len=2048),
+                      pad_token_id=tok.pad_token_id)
+    rows = {}
+    for name, merge in (("merged", True), ("per-turn", False)):
+        items = build_saw_items(rollouts, algo.credit, merge_turns=merge)
+        trainer.optimize(items)  # warm-up
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            trainer.optimize(items)
+            times.append(time.perf_counter() - t0)
+        rows[name] = (len(items), sum(it.num_action_tokens for it in items), sum(it.num_tokens for it in items),
+                      statistics.median(times))
+    n = len(rollouts)
+    print(f"cpu native bf16: {cpu_bf16()}; dtype {dtype}; {n} episodes, {turns:.1f} agent turns each; "
+          f"GRPO step, LoRA r16, SmolLM2-135M; median of {args.repeats}")
+    print(f"{'mode':9} {'items':>6} {'trained tok/ep':>15} {'sequence tok/ep':>16} {'step s':>8}")
+    for name, (k, trained, seq, t) in rows.items():
+        print(f"{name:9} {k:6d} {trained / n:15.1f} {seq / n:16.1f} {t:8.2f}")
+    m, p = rows["merged"], rows["per-turn"]
+    print(f"ratio per-turn / merged: sequence tokens {p[2] / m[2]:.2f}x, step time {p[3] / m[3]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
