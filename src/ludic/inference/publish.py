@@ -41,8 +41,7 @@ import torch
 
 from ludic.distributed import is_rank0
 from ludic.inference.models import is_peft, unwrap
-
-TOKEN_ENV = "LUDIC_SERVER_TOKEN"
+from ludic.inference.wire import auth_headers, client_token
 
 
 class PublishError(RuntimeError):
@@ -134,7 +133,7 @@ class _HTTPPublisher:
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         self.every_n_steps = every_n_steps
-        self.token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self.token = client_token(token)
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
@@ -144,7 +143,7 @@ class _HTTPPublisher:
         return version % self.every_n_steps == 0
 
     def _headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        return auth_headers(self.token)
 
     def _post(self, url: str, path: str, **kw: Any) -> dict[str, Any]:
         import httpx

@@ -41,12 +41,9 @@ import httpx
 
 from ludic.tokenization import render_ids
 from ludic.inference.client import ChatRequest, ChatResponse
+from ludic.inference.wire import MIXED_HEADER, POLICY_ALIAS, VERSION_HEADER, auth_headers, client_token
 from ludic.types import FinishReason, TokenTrace
 
-POLICY_ALIAS = "ludic-policy"  # keep in sync with vllm_server.POLICY_ALIAS
-VERSION_HEADER = "x-ludic-policy-version"
-MIXED_HEADER = "x-ludic-policy-mixed"
-TOKEN_ENV = "LUDIC_SERVER_TOKEN"
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 
 
@@ -102,7 +99,7 @@ class VLLMChatClient:
         self.base_url = (base_url or f"http://{host}:{port}").rstrip("/")
         self.model = model
         self._tokenizer = _load_tokenizer(tokenizer)
-        self.token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self.token = client_token(token)
         self.max_concurrency = max_concurrency
         self.timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self.max_retries = max_retries
@@ -124,7 +121,7 @@ class VLLMChatClient:
         """One httpx client and semaphore per event loop (they cannot cross loops)."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._http is None or self._sem is None:
-            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+            headers = auth_headers(self.token)
             limits = httpx.Limits(max_connections=self.max_concurrency + 4)
             self._http = httpx.AsyncClient(
                 base_url=self.base_url, timeout=self.timeout, headers=headers, limits=limits

@@ -1,0 +1,121 @@
+"""The server's front door: bearer-token auth and the ASGI middleware (policy alias,
+version headers, update gate)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from typing import Any
+
+from ludic.inference.vllm_server.state import PolicyState
+from ludic.inference.wire import MIXED_HEADER, MODEL_HEADER, TOKEN_ENV, VERSION_HEADER
+
+LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
+OPEN_PATHS = ("/health",)
+
+
+def check_security(host: str | None, token: str | None) -> None:
+    """Refuse to serve on a non-loopback address without a token."""
+    if host not in LOCAL_HOSTS and not token:
+        raise SystemExit(
+            f"ludic.inference.vllm_server: refusing to bind --host {host!r} without a token. "
+            f"Pass --ludic-token or set {TOKEN_ENV} (clients then send "
+            "'Authorization: Bearer <token>'), or bind 127.0.0.1."
+        )
+
+
+def bearer_ok(headers: list[tuple[bytes, bytes]], token: str) -> bool:
+    for k, v in headers:
+        if k.lower() == b"authorization":
+            scheme, _, value = v.decode("latin-1").partition(" ")
+            return scheme.lower() == "bearer" and secrets.compare_digest(value.strip(), token)
+    return False
+
+
+async def json_reply(send: Any, status: int, body: dict[str, Any]) -> None:
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})
+
+
+class LudicMiddleware:
+    """Pure ASGI middleware: bearer auth, policy alias, version headers, update gate."""
+
+    def __init__(self, app: Any, state: PolicyState, token: str | None,
+                 on_idle: Any = None) -> None:
+        self.app = app
+        self.state = state
+        self.token = token
+        self.on_idle = on_idle  # callback(model) when a retired adapter has no requests left
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
+        if (self.token and scope.get("method") != "OPTIONS" and path not in OPEN_PATHS
+                and not bearer_ok(scope["headers"], self.token)):
+            return await json_reply(send, 401, {"error": "Unauthorized: send 'Authorization: Bearer <token>'"})
+        if scope.get("method") != "POST" or path not in GENERATION_PATHS:
+            return await self.app(scope, receive, send)
+
+        # Read the (small) JSON body, resolve the policy alias, and re-feed it.
+        chunks, more = [], True
+        while more:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            chunks.append(msg.get("body", b""))
+            more = msg.get("more_body", False)
+        body = b"".join(chunks)
+        state = self.state
+        epoch = await state.gate.enter()
+        model = None
+        try:
+            try:
+                payload = json.loads(body)
+            except ValueError:
+                payload = None
+            if isinstance(payload, dict):
+                model, version = state.resolve(payload.get("model"))
+                if payload.get("model") != model:
+                    payload["model"] = model
+                    body = json.dumps(payload).encode()
+                state.inflight[model] = state.inflight.get(model, 0) + 1
+            else:
+                version = state.version
+            scope = dict(scope)
+            scope["headers"] = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-length"]
+            scope["headers"].append((b"content-length", str(len(body)).encode()))
+            fed = False
+
+            async def receive_again() -> dict:
+                nonlocal fed
+                if not fed:
+                    fed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            async def send_tagged(msg: dict) -> None:
+                if msg["type"] == "http.response.start":
+                    headers = list(msg.get("headers", []))
+                    headers.append((VERSION_HEADER.encode(), str(version).encode()))
+                    headers.append((MODEL_HEADER.encode(), str(model).encode()))
+                    if state.gate.epoch != epoch:
+                        headers.append((MIXED_HEADER.encode(), b"1"))
+                    msg = {**msg, "headers": headers}
+                await send(msg)
+
+            await self.app(scope, receive_again, send_tagged)
+        finally:
+            if model is not None:
+                left = state.inflight.get(model, 1) - 1
+                state.inflight[model] = left
+                if left <= 0:
+                    state.inflight.pop(model, None)
+                    if model in state.retired and self.on_idle is not None:
+                        asyncio.ensure_future(self.on_idle(model))
+            await state.gate.exit()
