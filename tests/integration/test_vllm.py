@@ -48,6 +48,12 @@ def model_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
+def weights_root(tmp_path_factory) -> Path:
+    """Where this module's tests write adapters and weights for the server to load."""
+    return tmp_path_factory.mktemp("weights")
+
+
+@pytest.fixture(scope="module")
 def tokenizer(model_dir: Path):
     return load_tokenizer(str(model_dir))
 
@@ -58,6 +64,17 @@ def server(model_dir: Path, tmp_path_factory):
     srv.start()
     yield srv
     srv.stop()
+
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def get(server: VLLMServerProcess, route: str) -> httpx.Response:
+    return httpx.get(server.url + route, headers=AUTH, timeout=60)
+
+
+def post(server: VLLMServerProcess, route: str, **kw) -> httpx.Response:
+    return httpx.post(server.url + route, headers=AUTH, timeout=120, **kw)
 
 
 def client(server: VLLMServerProcess, **kw) -> VLLMChatClient:
@@ -115,6 +132,40 @@ def test_auth_required(server: VLLMServerProcess) -> None:
     assert r.status_code == 401
     ok = httpx.get(server.url + "/ludic/policy", headers={"Authorization": f"Bearer {TOKEN}"})
     assert ok.status_code == 200 and ok.json()["logprobs_mode"] == "raw_logprobs"
+
+
+def test_weight_paths_outside_allowed_roots_are_refused(server: VLLMServerProcess, model_dir: Path,
+                                                       weights_root: Path, tmp_path: Path) -> None:
+    """Clients make the server read only folders under its allowed roots (--allowed-weight-dirs, plus
+    its own upload folder); '..' and symlinks are resolved before the check, and the answer is 403
+    naming the path and the roots. Covers Ludic's routes and vLLM's own /v1/load_lora_adapter."""
+    import shutil
+
+    outside = tmp_path / "outside"  # not under any allowed root
+    adapter = outside / "adapter"
+    peft_model(model_dir, seed=5).save_pretrained(adapter)
+    weights = outside / "weights"
+    weights.mkdir()
+    shutil.copy(model_dir / "model.safetensors", weights / "model.safetensors")
+    (weights_root / "link").symlink_to(adapter)
+    before = get(server, "/ludic/policy").json()
+    attempts = [
+        ("/ludic/load_adapter", {"name": "outsider", "path": str(adapter)}, adapter),
+        ("/v1/load_lora_adapter", {"lora_name": "outsider", "lora_path": str(adapter)}, adapter),
+        ("/ludic/update_weights", {"path": str(weights)}, weights),
+        # lexically under the root, really outside it
+        ("/ludic/load_adapter",
+         {"name": "outsider", "path": f"{weights_root}/{os.path.relpath(adapter, weights_root)}"}, adapter),
+        ("/ludic/load_adapter", {"name": "outsider", "path": str(weights_root / "link")}, adapter),
+    ]
+    for route, body, target in attempts:
+        r = post(server, route, json=body)
+        assert r.status_code == 403, (route, body, r.status_code, r.text)
+        assert str(target) in r.text and str(weights_root) in r.text, r.text  # names the path and the roots
+    after = get(server, "/ludic/policy").json()
+    assert after["version"] == before["version"] and after["adapters"] == before["adapters"]
+    served = [m["id"] for m in get(server, "/v1/models").json()["data"]]
+    assert "outsider" not in served
 
 
 # ---------------------------------------------------------------------------- generation
