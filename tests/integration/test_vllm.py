@@ -168,6 +168,25 @@ def test_weight_paths_outside_allowed_roots_are_refused(server: VLLMServerProces
     assert "outsider" not in served
 
 
+def test_oversized_upload_is_refused(server: VLLMServerProcess) -> None:
+    """/ludic/upload_weights has a size limit: a body announced as 1 TiB gets 413 at once (the
+    server must not start writing it to its disk)."""
+    import socket
+
+    port = int(server.url.rsplit(":", 1)[1])
+    head = (f"POST /ludic/upload_weights?version=1000000 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/octet-stream\r\n"
+            f"Content-Length: {1 << 40}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(head + b"\0" * 65536)
+        try:
+            answer = sock.recv(65536).decode("latin-1")
+        except socket.timeout:
+            answer = "(no answer within 60 s: the server is reading the body)"
+    assert answer.startswith("HTTP/1.1 413"), answer[:300]
+    assert "limit" in answer, answer
+
+
 # ---------------------------------------------------------------------------- generation
 
 
