@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,7 @@ from ludic.inference.models import load_tokenizer, packaged_model_dir, resolve_d
 from ludic.inference.publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher  # noqa: E402
 from ludic.inference.vllm_launcher import VLLMServerProcess, free_port  # noqa: E402
 from ludic.inference.vllm_client import PolicyVersionError, VLLMChatClient  # noqa: E402
+from ludic.inference.wire import POLICY_ALIAS, VERSION_HEADER  # noqa: E402
 from ludic.types import FinishReason  # noqa: E402
 
 TOKEN = "ludic-test-token"
@@ -54,6 +56,15 @@ def weights_root(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def base_weights(model_dir: Path, weights_root: Path) -> Path:
+    """A copy of the served checkpoint under the allowed root (a full-weight push that changes nothing)."""
+    folder = weights_root / "base"
+    folder.mkdir()
+    shutil.copy(model_dir / "model.safetensors", folder / "model.safetensors")
+    return folder
+
+
+@pytest.fixture(scope="module")
 def tokenizer(model_dir: Path):
     return load_tokenizer(str(model_dir))
 
@@ -75,6 +86,18 @@ def get(server: VLLMServerProcess, route: str) -> httpx.Response:
 
 def post(server: VLLMServerProcess, route: str, **kw) -> httpx.Response:
     return httpx.post(server.url + route, headers=AUTH, timeout=120, **kw)
+
+
+LONG = {"model": POLICY_ALIAS, "prompt": [1, 2, 3], "max_tokens": 400, "ignore_eos": True, "temperature": 0.0}
+
+
+async def start_long_request(http: httpx.AsyncClient) -> asyncio.Task:
+    """A generation that stays in flight for several seconds (a full-weight update must drain it)."""
+    task = asyncio.create_task(http.post("/v1/completions", json=LONG))
+    while (await http.get("/ludic/policy")).json()["inflight"] == 0:
+        assert not task.done(), task.result().text
+        await asyncio.sleep(0.05)
+    return task
 
 
 def client(server: VLLMServerProcess, **kw) -> VLLMChatClient:
@@ -139,8 +162,6 @@ def test_weight_paths_outside_allowed_roots_are_refused(server: VLLMServerProces
     """Clients make the server read only folders under its allowed roots (--allowed-weight-dirs, plus
     its own upload folder); '..' and symlinks are resolved before the check, and the answer is 403
     naming the path and the roots. Covers Ludic's routes and vLLM's own /v1/load_lora_adapter."""
-    import shutil
-
     outside = tmp_path / "outside"  # not under any allowed root
     adapter = outside / "adapter"
     peft_model(model_dir, seed=5).save_pretrained(adapter)
@@ -329,6 +350,28 @@ async def test_full_weight_push(server: VLLMServerProcess, model_dir: Path, base
                       headers={"Authorization": f"Bearer {TOKEN}"})
     assert resp.status_code == 400 and "do not match" in resp.text
     assert (await greedy(c)).trace.completion_ids == base_greedy  # still serving
+
+
+async def test_nccl_finish_releases_only_its_own_hold(server: VLLMServerProcess, base_weights: Path) -> None:
+    """/ludic/nccl/finish (or /update) without a matching /ludic/nccl/start, e.g. one that arrives
+    after the watchdog gave up, must not release the update lock or reopen the gate that another
+    update holds: here a full-weight update draining a long request. On CPU the NCCL engine calls
+    themselves fail; the lock and gate logic around them is what runs."""
+    async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=300) as http:
+        long = await start_long_request(http)
+        update = asyncio.create_task(http.post("/ludic/update_weights", json={"path": str(base_weights)}))
+        await asyncio.sleep(2.0)  # the update takes the lock and waits for the long request to end
+        assert not update.done() and not long.done(), "the long request ended too soon for this test"
+        fin = await http.post("/ludic/nccl/finish", json={"version": 10**6})
+        assert fin.status_code == 409 and "no NCCL weight update" in fin.text, (fin.status_code, fin.text)
+        upd = await http.post("/ludic/nccl/update", json={"update_info": {}})
+        assert upd.status_code == 409 and "no NCCL weight update" in upd.text, (upd.status_code, upd.text)
+        late = asyncio.create_task(http.post("/v1/completions", json={**LONG, "max_tokens": 2}))
+        done = await update
+        assert done.status_code == 200, done.text
+        assert (await long).status_code == 200
+        r = await late  # the gate stayed closed: the late request waited for the new weights
+        assert r.status_code == 200 and int(r.headers[VERSION_HEADER]) == done.json()["version"]
 
 
 # ---------------------------------------------------------------------------- in-process engine
