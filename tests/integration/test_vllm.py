@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from ludic.tokenization import render_ids  # noqa: E402
 from ludic.inference.client import ChatRequest, SamplingParams  # noqa: E402
 from ludic.inference.models import load_tokenizer, packaged_model_dir, resolve_dtype  # noqa: E402
-from ludic.inference.publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher  # noqa: E402
+from ludic.inference.publish import PublishError, VLLMAdapterPublisher, VLLMFullWeightsPublisher  # noqa: E402
 from ludic.inference.vllm_launcher import VLLMServerProcess, free_port  # noqa: E402
 from ludic.inference.vllm_client import PolicyVersionError, VLLMChatClient  # noqa: E402
 from ludic.inference.wire import POLICY_ALIAS, VERSION_HEADER  # noqa: E402
@@ -336,6 +336,8 @@ async def test_full_weight_push(server: VLLMServerProcess, model_dir: Path, base
     stats = up.publish(model, v + 2)
     assert not stats["errors"], stats
     print(f"full-weight push (upload): total {stats['total_s']:.2f}s")
+    again = up.publish(model, v + 2)  # the same bytes again (a retry): applied once, answered twice
+    assert not again["errors"] and again["servers"][server.url]["already_applied"] is True, again
     r = await greedy(c)
     assert r.trace.completion_ids == base_greedy
     assert set(r.trace.policy_versions) == {v + 2}
@@ -372,6 +374,48 @@ async def test_nccl_finish_releases_only_its_own_hold(server: VLLMServerProcess,
         assert (await long).status_code == 200
         r = await late  # the gate stayed closed: the late request waited for the new weights
         assert r.status_code == 200 and int(r.headers[VERSION_HEADER]) == done.json()["version"]
+
+
+def test_repeated_push_of_an_applied_version_is_idempotent(server: VLLMServerProcess, model_dir: Path,
+                                                           weights_root: Path) -> None:
+    """A push repeated with the same version and source (a retry whose first answer was lost) is a
+    200 with already_applied; the same version from another source stays a 409, which the
+    publisher raises as a PublishError naming the server, route, status and answer."""
+    adapter = weights_root / "idem" / "first"
+    peft_model(model_dir, seed=7).save_pretrained(adapter)
+    first = post(server, "/ludic/load_adapter", json={"name": "idem", "path": str(adapter)})
+    assert first.status_code == 200, first.text
+    v = first.json()["version"]
+    again = post(server, "/ludic/load_adapter", json={"name": "idem", "path": str(adapter), "version": v})
+    assert again.status_code == 200, again.text
+    assert again.json()["already_applied"] is True and again.json()["version"] == v
+    policy = get(server, "/ludic/policy").json()
+    assert policy["version"] == v and policy["adapter"] == f"idem-v{v}"
+
+    pub = VLLMAdapterPublisher([server.url], weights_root / "idem-other", token=TOKEN, name="idem")
+    with pytest.raises(PublishError) as e:
+        pub.publish(peft_model(model_dir, seed=8), v)
+    msg = str(e.value)
+    assert server.url in msg and "/ludic/load_adapter" in msg and "409" in msg and "not newer" in msg, msg
+
+
+async def test_push_retried_after_a_read_timeout_succeeds(server: VLLMServerProcess, base_weights: Path,
+                                                          weights_root: Path) -> None:
+    """The first attempt times out while the server drains a long request; the server applies it
+    anyway, so the publisher's retry must succeed (already applied) instead of dying on a 409."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(base_weights / "model.safetensors"))
+    pub = VLLMFullWeightsPublisher([server.url], weights_root / "retry", token=TOKEN, transport="path",
+                                   timeout_s=1.0, retries=8, backoff_s=0.5)
+    async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=300) as http:
+        v = (await http.get("/ludic/policy")).json()["version"]
+        long = await start_long_request(http)
+        stats = await asyncio.to_thread(pub.publish, weights, v + 1)
+        assert (await long).status_code == 200
+        assert (await http.get("/ludic/policy")).json()["version"] == v + 1
+    out = stats["servers"][server.url]
+    assert not stats["errors"] and out["version"] == v + 1 and out["already_applied"] is True, stats
 
 
 # ---------------------------------------------------------------------------- in-process engine

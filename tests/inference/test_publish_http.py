@@ -1,0 +1,100 @@
+"""The publishers' HTTP client side against a scripted local HTTP server (real sockets, scripted
+answers): which failures are retried, and what a failure says. The server side of idempotent
+pushes is tested against the real vLLM server in tests/integration/test_vllm.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+
+from ludic.inference.publish import PublishError, VLLMFullWeightsPublisher
+
+WEIGHTS = {"w": torch.zeros(4)}
+ROUTE = "/ludic/upload_weights"
+
+
+@contextmanager
+def scripted_server(actions: list):
+    """Answers the i-th POST with ``actions[i]``: ``(status, json_body)``, or ``"drop"`` (read the
+    request, then close the connection without an answer, like a server that dies mid-push)."""
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            seen.append(self.path)
+            action = actions[len(seen) - 1]
+            if action == "drop":
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            status, payload = action
+            data = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_port}", seen
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def publisher(url: str, retries: int = 3) -> VLLMFullWeightsPublisher:
+    return VLLMFullWeightsPublisher([url], transport="upload", retries=retries, backoff_s=0.01, token="t")
+
+
+def test_rate_limited_push_is_retried() -> None:
+    with scripted_server([(429, {"error": "slow down"}), (200, {"version": 1})]) as (url, seen):
+        stats = publisher(url).publish(WEIGHTS, 1)
+    assert stats["servers"][url]["version"] == 1 and not stats["errors"]
+    assert len(seen) == 2
+
+
+def test_server_error_after_retries_is_a_publish_error() -> None:
+    with scripted_server([(503, {"error": "engine unhealthy: dead"})] * 4) as (url, seen):
+        with pytest.raises(PublishError) as e:
+            publisher(url, retries=3).publish(WEIGHTS, 1)
+    assert len(seen) == 4  # first attempt + 3 retries
+    msg = str(e.value)
+    assert url in msg and ROUTE in msg and "503" in msg and "engine unhealthy: dead" in msg, msg
+
+
+def test_rejected_push_is_not_retried() -> None:
+    answer = {"error": "version 1 is not newer than the server's last version 4"}
+    with scripted_server([(409, answer)]) as (url, seen):
+        with pytest.raises(PublishError) as e:
+            publisher(url).publish(WEIGHTS, 1)
+    assert len(seen) == 1
+    msg = str(e.value)
+    assert url in msg and ROUTE in msg and "409" in msg and answer["error"] in msg, msg
+
+
+def test_dropped_connection_is_retried() -> None:
+    """The server applied the push and died before answering: the retry's answer counts."""
+    with scripted_server(["drop", (200, {"version": 1, "already_applied": True})]) as (url, seen):
+        stats = publisher(url).publish(WEIGHTS, 1)
+    assert len(seen) == 2 and stats["servers"][url]["already_applied"] is True
+
+
+def test_unreachable_server_is_recorded_and_skipped() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, not listening: connection refused
+        stats = publisher(url, retries=1).publish(WEIGHTS, 1)
+    assert url in stats["errors"] and "Connect" in stats["errors"][url]
