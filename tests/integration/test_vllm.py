@@ -38,10 +38,12 @@ MSGS = [{"role": "user", "content": "Name three colors."}]
 STARTUP_TIMEOUT_S = 300
 
 
-def Server(model_dir: Path, port: int, log_path: Path, host: str = "0.0.0.0") -> VLLMServerProcess:
-    """The Ludic vLLM server (library launcher), on all interfaces with a token so auth is tested too."""
+def Server(model_dir: Path, port: int, log_path: Path, weights_root: Path,
+           host: str = "0.0.0.0") -> VLLMServerProcess:
+    """The Ludic vLLM server (library launcher), on all interfaces with a token so auth is tested too;
+    tests write what it loads under ``weights_root``."""
     return VLLMServerProcess(str(model_dir), port=port, host=host, token=TOKEN, log_path=log_path,
-                             extra_args=["--enable-lora", "--max-lora-rank", "16"])
+                             allowed_dirs=[weights_root], extra_args=["--enable-lora", "--max-lora-rank", "16"])
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +72,8 @@ def tokenizer(model_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def server(model_dir: Path, tmp_path_factory):
-    srv = Server(model_dir, free_port(), tmp_path_factory.mktemp("vllm") / "server.log")
+def server(model_dir: Path, weights_root: Path, tmp_path_factory):
+    srv = Server(model_dir, free_port(), tmp_path_factory.mktemp("vllm") / "server.log", weights_root)
     srv.start()
     yield srv
     srv.stop()
@@ -312,10 +314,10 @@ async def test_logprobs_are_those_of_the_sampling_distribution(server: VLLMServe
 # ---------------------------------------------------------------------------- weight pushes
 
 
-async def test_lora_hot_swap(server: VLLMServerProcess, model_dir: Path, base_greedy, tmp_path: Path) -> None:
+async def test_lora_hot_swap(server: VLLMServerProcess, model_dir: Path, base_greedy, weights_root: Path) -> None:
     c = client(server)
     v0 = await c.get_policy_version()
-    pub = VLLMAdapterPublisher([server.url], tmp_path / "adapters", token=TOKEN)
+    pub = VLLMAdapterPublisher([server.url], weights_root / "hot-swap", token=TOKEN)
     stats = pub.publish(peft_model(model_dir, seed=1), v0 + 1)
     assert not stats["errors"], stats
     print(f"\nadapter push: save {stats['save_s']:.3f}s, load+switch {stats['push_s']:.3f}s")
@@ -338,7 +340,7 @@ async def test_lora_hot_swap(server: VLLMServerProcess, model_dir: Path, base_gr
         pub.publish(peft_model(model_dir, seed=3), v0 + 2)
 
 
-async def test_full_weight_push(server: VLLMServerProcess, model_dir: Path, base_greedy, tmp_path: Path) -> None:
+async def test_full_weight_push(server: VLLMServerProcess, model_dir: Path, base_greedy, weights_root: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     c = client(server)
@@ -349,7 +351,7 @@ async def test_full_weight_push(server: VLLMServerProcess, model_dir: Path, base
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g).to(p.dtype) * 0.02)
-    pub = VLLMFullWeightsPublisher([server.url], tmp_path / "full", token=TOKEN, transport="path")
+    pub = VLLMFullWeightsPublisher([server.url], weights_root / "full", token=TOKEN, transport="path")
     stats = pub.publish(model, v + 1)
     assert not stats["errors"], stats
     srv = stats["servers"][server.url]
@@ -374,7 +376,7 @@ async def test_full_weight_push(server: VLLMServerProcess, model_dir: Path, base
     assert set(r.trace.policy_versions) == {v + 2}
 
     # A folder that does not match the model is refused before it reaches the engine.
-    bad = tmp_path / "bad"
+    bad = weights_root / "bad"
     bad.mkdir()
     from safetensors.torch import save_file
 

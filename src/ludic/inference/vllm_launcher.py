@@ -30,6 +30,8 @@ class VLLMServerProcess:
         port: 0 picks a free port.
         extra_args: more server flags (vLLM's or Ludic's), e.g. ``["--enable-lora"]``.
         dtype: "auto" is float32 on CPUs without native bf16 (vLLM is ~5x faster there in fp32).
+        allowed_dirs: folders the server may load adapters / weights from (where this run's
+            publisher writes them); passed as ``--allowed-weight-dirs``.
     """
 
     def __init__(
@@ -43,6 +45,7 @@ class VLLMServerProcess:
         token: str | None = None,
         log_path: str | Path | None = None,
         max_model_len: int = 2048,
+        allowed_dirs: list[str | Path] | None = None,
     ) -> None:
         from ludic.inference.models import resolve_dtype, resolve_model
 
@@ -52,6 +55,8 @@ class VLLMServerProcess:
             "--host", host, "--port", str(self.port), "--enforce-eager", "--dtype", resolve_dtype(dtype),
             "--max-model-len", str(max_model_len), "--uvicorn-log-level", "warning", *(extra_args or []),
         ]
+        for d in allowed_dirs or ():
+            self.cmd += ["--allowed-weight-dirs", str(Path(d).resolve())]
         if token:
             self.cmd += ["--ludic-token", token]
         self.url = f"http://127.0.0.1:{self.port}"

@@ -92,7 +92,7 @@ async def make_vllm_training_inference(
         rank = max(cfg.r for cfg in model.peft_config.values()) if peft else 16
         server = VLLMServerProcess(
             model_name, extra_args=["--enable-lora", "--max-lora-rank", str(max(rank, 8))],
-            log_path=run_dir / "vllm_server.log", dtype=dtype,
+            log_path=run_dir / "vllm_server.log", dtype=dtype, allowed_dirs=[run_dir],
         ).start()
         url = server.url
     else:

@@ -11,6 +11,11 @@ Every vLLM flag passes through (vLLM's own argument parser is reused). Ludic add
   is anything but 127.0.0.1 / localhost / ::1; then every route except ``GET /health``
   needs ``Authorization: Bearer <token>``. The default host is 127.0.0.1 (vLLM's own
   default binds every interface).
+* ``--allowed-weight-dirs DIR[,DIR...]`` (repeatable): the only folders (with everything
+  below them) that ``/ludic/load_adapter``, ``/ludic/update_weights`` and vLLM's own
+  ``/v1/load_lora_adapter`` load from; symlinks and ``..`` are resolved first, anything else
+  is a 403 naming the path and the roots. The server's upload folder is always allowed (and
+  is all that is, without the flag). ``--lora-modules`` given at start-up are not checked.
 * ``--ludic-drain-timeout`` (s): how long a full-weight update waits for in-flight
   requests to finish before swapping weights anyway (default 300).
 * ``--ludic-kv-cache-gib``: KV cache size on the CPU backend when no
@@ -30,7 +35,8 @@ Routes added (JSON in and out):
 =====================================  ==========================================================
 GET  /ludic/health                     ``{"status": "ok", "version": int}`` (engine health checked)
 GET  /ludic/policy                     ``{"version", "adapter", "model", "base_model",
-                                       "base_version", "adapters", "logprobs_mode", "platform"}``
+                                       "base_version", "adapters", "logprobs_mode", "platform",
+                                       "allowed_weight_dirs", "upload_dir", ...}``
 POST /ludic/load_adapter               ``{"name", "path", "version"?, "force"?}``: load a peft LoRA
                                        folder as ``<name>-v<version>``, make it the policy, retire
                                        the previous adapter (removed once its in-flight requests

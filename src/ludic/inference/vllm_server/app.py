@@ -7,9 +7,11 @@ and start-up (vLLM's app with Ludic's routes and middleware installed)."""
 import logging
 import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
-from ludic.inference.vllm_server.auth import LudicMiddleware, check_security
+from ludic.inference.vllm_server.auth import AllowedDirs, LudicMiddleware, check_security, guard_lora_loads
 from ludic.inference.vllm_server.state import PolicyState
 from ludic.inference.vllm_server.weights import engine, fail, install_weight_routes
 from ludic.inference.wire import TOKEN_ENV
@@ -23,7 +25,9 @@ def install_ludic(app: Any, args: Any, token: str | None) -> PolicyState:
 
     served = (args.served_model_name or [args.model])[0]
     state = PolicyState(base_model=served)
-    remove_adapter = install_weight_routes(app, args, state)
+    upload_root = Path(tempfile.mkdtemp(prefix="ludic-weights-"))
+    allowed = AllowedDirs([*args.allowed_weight_dirs, upload_root])
+    remove_adapter = install_weight_routes(app, args, state, allowed, upload_root)
 
     @app.get("/ludic/health")
     async def ludic_health(request: Request):
@@ -42,12 +46,15 @@ def install_ludic(app: Any, args: Any, token: str | None) -> PolicyState:
         out["platform"] = "cpu" if _is_cpu() else "gpu"
         out["world_size"] = engine(request).vllm_config.parallel_config.world_size_across_dp
         out["inflight"] = sum(state.inflight.values())
+        out["allowed_weight_dirs"] = [str(r) for r in allowed]
+        out["upload_dir"] = str(upload_root)
         return out
 
     # vLLM's app may already have built its middleware stack; rebuild it with ours outermost.
     app.middleware_stack = None
     app.add_middleware(LudicMiddleware, state=state, token=token, on_idle=remove_adapter)
     app.state.ludic = state
+    app.state.ludic_allowed_dirs = allowed  # vLLM's own LoRA route is guarded once vLLM has built it
     return state
 
 
@@ -71,6 +78,10 @@ def add_ludic_args(parser: Any) -> Any:
     g.add_argument("--ludic-token", default=None,
                    help=f"bearer token for every route but /health (or ${TOKEN_ENV}); "
                         "required when --host is not a loopback address")
+    g.add_argument("--allowed-weight-dirs", action="append", default=None, metavar="DIR[,DIR...]",
+                   help="folders (and everything below them) from which clients may make the server load "
+                        "adapters or weights; repeat or comma-separate. The server's own upload folder is "
+                        "always allowed, and is all that is allowed without this flag")
     g.add_argument("--ludic-drain-timeout", type=float, default=300.0,
                    help="seconds a full-weight update waits for in-flight requests")
     g.add_argument("--ludic-update-timeout", type=float, default=600.0,
@@ -92,6 +103,8 @@ def prepare_args(argv: list[str]) -> tuple[Any, str | None]:
         args.model = args.model_tag
     if not _given(argv, "host"):
         args.host = "127.0.0.1"
+    args.allowed_weight_dirs = [d.strip() for given in (args.allowed_weight_dirs or [])
+                                for d in given.split(",") if d.strip()]
     token = args.ludic_token or os.environ.get(TOKEN_ENV) or (args.api_key or [None])[0]
     check_security(args.host, token)
     if not _given(argv, "generation-config"):
@@ -134,14 +147,20 @@ def main(argv: list[str] | None = None) -> None:
     configure_logging_from_args(args)
     logging.basicConfig(level=logging.INFO, format="(LudicServer) %(levelname)s %(message)s")
 
-    original_build_app = entry.build_app
+    original_build_app, original_init_app_state = entry.build_app, entry.init_app_state
 
     def build_app(*a: Any, **kw: Any) -> Any:
         app = original_build_app(*a, **kw)
         install_ludic(app, args, token)
         return app
 
-    entry.build_app = build_app  # vLLM builds the app inside run_server; add Ludic's routes there
+    async def init_app_state(engine_client: Any, state: Any, *a: Any, **kw: Any) -> None:
+        await original_init_app_state(engine_client, state, *a, **kw)  # loads --lora-modules
+        if getattr(state, "openai_serving_models", None) is not None:
+            guard_lora_loads(state.openai_serving_models, state.ludic_allowed_dirs)
+
+    # vLLM builds the app and its serving state inside run_server: add Ludic's parts there
+    entry.build_app, entry.init_app_state = build_app, init_app_state
     uvloop.run(entry.run_server(args))
 
 

@@ -1,11 +1,14 @@
-"""The server's front door: bearer-token auth and the ASGI middleware (policy alias,
-version headers, update gate)."""
+"""The server's trust boundary: bearer-token auth, the folders clients may make it read
+weights from, and the ASGI middleware (auth, policy alias, version headers, update gate)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from ludic.inference.vllm_server.state import PolicyState
@@ -24,6 +27,57 @@ def check_security(host: str | None, token: str | None) -> None:
             f"Pass --ludic-token or set {TOKEN_ENV} (clients then send "
             "'Authorization: Bearer <token>'), or bind 127.0.0.1."
         )
+
+
+class PathNotAllowed(PermissionError):
+    """A client named a folder outside the server's allowed weight roots (HTTP 403)."""
+
+
+class AllowedDirs:
+    """Roots under which clients may make the server read adapters and weights.
+
+    A path is checked after resolving symlinks and ``..`` (``os.path.realpath``), and the
+    resolved path is what the server then loads, so ``root/../elsewhere`` and a link under a
+    root pointing elsewhere are both refused.
+    """
+
+    def __init__(self, roots: Iterable[str | os.PathLike]) -> None:
+        self.roots = tuple(dict.fromkeys(Path(os.path.realpath(r)) for r in roots))
+
+    def check(self, path: str | os.PathLike) -> Path:
+        """The resolved path, or PathNotAllowed naming the path and the allowed roots."""
+        resolved = Path(os.path.realpath(path))
+        if any(resolved.is_relative_to(root) for root in self.roots):
+            return resolved
+        shown = str(path) if str(path) == str(resolved) else f"{path} (resolved: {resolved})"
+        raise PathNotAllowed(
+            f"{shown} is outside the folders this server loads weights from: "
+            f"{', '.join(map(str, self.roots))}. Start the server with --allowed-weight-dirs <folder> "
+            "to allow another one."
+        )
+
+    def __iter__(self):
+        return iter(self.roots)
+
+
+def guard_lora_loads(models: Any, allowed: AllowedDirs) -> None:
+    """Check every runtime LoRA load of vLLM's serving models (``/v1/load_lora_adapter``, the
+    SageMaker ``/adapters`` route, Ludic's ``/ludic/load_adapter``) against ``allowed``.
+
+    Installed after vLLM's start-up, so ``--lora-modules`` given by the operator load as before.
+    """
+    from vllm.entrypoints.serve.engine.protocol import ErrorInfo, ErrorResponse
+
+    load = models.load_lora_adapter
+
+    async def checked_load_lora_adapter(request: Any, *args: Any, **kw: Any) -> Any:
+        try:
+            request.lora_path = str(allowed.check(request.lora_path))
+        except PathNotAllowed as e:
+            return ErrorResponse(error=ErrorInfo(message=str(e), type="Forbidden", code=403))
+        return await load(request, *args, **kw)
+
+    models.load_lora_adapter = checked_load_lora_adapter
 
 
 def bearer_ok(headers: list[tuple[bytes, bytes]], token: str) -> bool:

@@ -7,11 +7,11 @@ behind the policy version and the update gate."""
 import asyncio
 import logging
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from ludic.inference.vllm_server.auth import AllowedDirs, PathNotAllowed
 from ludic.inference.vllm_server.state import PolicyState
 
 logger = logging.getLogger("ludic.vllm_server")
@@ -71,9 +71,12 @@ def _check_weights_folder(folder: Path, reference: set[str] | None) -> None:
         )
 
 
-def install_weight_routes(app: Any, args: Any, state: PolicyState) -> Any:
+def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: AllowedDirs, upload_root: Path) -> Any:
     """Add the weight routes to ``app``; returns ``remove_adapter(name)`` (the middleware
-    calls it when a retired adapter's last request ends)."""
+    calls it when a retired adapter's last request ends).
+
+    Paths that clients send are checked against ``allowed`` (403 outside it); uploads are
+    written under ``upload_root``."""
     from fastapi import Request
 
     drain_timeout = float(args.ludic_drain_timeout)
@@ -84,7 +87,6 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState) -> Any:
             reference = _safetensors_names(model_dir)
         except ValueError:
             reference = None
-    upload_root = Path(tempfile.mkdtemp(prefix="ludic-weights-"))
 
     async def remove_adapter(name: str) -> None:
         """Unregister a retired adapter from vLLM and free its engine slot."""
@@ -112,10 +114,12 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState) -> Any:
             return fail(400, "this server was started without --enable-lora")
         try:
             data = await body_of(request)
-            name, path = str(data["name"]), str(data["path"])
+            name, path = str(data["name"]), allowed.check(str(data["path"]))
         except (ValueError, KeyError) as e:
             return fail(400, f"load_adapter needs JSON {{name, path, version?}}: {e}")
-        if not (Path(path) / "adapter_config.json").exists():
+        except PathNotAllowed as e:
+            return fail(403, str(e))
+        if not (path / "adapter_config.json").exists():
             return fail(400, f"{path} is not a peft adapter folder (no adapter_config.json) on the server")
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
         from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
@@ -129,7 +133,7 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState) -> Any:
             t0 = time.perf_counter()
             models = app.state.openai_serving_models
             res = await models.load_lora_adapter(
-                LoadLoRAAdapterRequest(lora_name=served_name, lora_path=path, load_inplace=True)
+                LoadLoRAAdapterRequest(lora_name=served_name, lora_path=str(path), load_inplace=True)
             )
             if isinstance(res, ErrorResponse):
                 return fail(res.error.code, res.error.message)
@@ -196,9 +200,11 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState) -> Any:
     async def ludic_update_weights(request: Request):
         try:
             data = await body_of(request)
-            folder = Path(str(data["path"]))
+            folder = allowed.check(str(data["path"]))
         except (ValueError, KeyError) as e:
             return fail(400, f"update_weights needs JSON {{path, version?}}: {e}")
+        except PathNotAllowed as e:
+            return fail(403, str(e))
         return await reload_from(request, folder, data)
 
     @app.post("/ludic/upload_weights")
