@@ -36,6 +36,7 @@ from ludic.types import FinishReason  # noqa: E402
 TOKEN = "ludic-test-token"
 MSGS = [{"role": "user", "content": "Name three colors."}]
 STARTUP_TIMEOUT_S = 300
+MAX_UPLOAD_GIB = 0.3  # above the packaged model's bf16 checkpoint (0.25 GiB), so the upload push fits
 
 
 def Server(model_dir: Path, port: int, log_path: Path, weights_root: Path,
@@ -43,7 +44,8 @@ def Server(model_dir: Path, port: int, log_path: Path, weights_root: Path,
     """The Ludic vLLM server (library launcher), on all interfaces with a token so auth is tested too;
     tests write what it loads under ``weights_root``."""
     return VLLMServerProcess(str(model_dir), port=port, host=host, token=TOKEN, log_path=log_path,
-                             allowed_dirs=[weights_root], extra_args=["--enable-lora", "--max-lora-rank", "16"])
+                             allowed_dirs=[weights_root], extra_args=["--enable-lora", "--max-lora-rank", "16",
+                                                                      "--ludic-max-upload-gib", str(MAX_UPLOAD_GIB)])
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +210,23 @@ def test_oversized_upload_is_refused(server: VLLMServerProcess) -> None:
             answer = "(no answer within 60 s: the server is reading the body)"
     assert answer.startswith("HTTP/1.1 413"), answer[:300]
     assert "limit" in answer, answer
+
+
+def test_upload_over_the_limit_without_a_length_is_cut_off(server: VLLMServerProcess) -> None:
+    """A chunked upload (no Content-Length) is counted as it arrives: 413 once over the limit, and
+    the partial file is removed."""
+    policy = get(server, "/ludic/policy").json()
+    limit, upload_dir = policy["max_upload_bytes"], Path(policy["upload_dir"])
+    assert limit == int(MAX_UPLOAD_GIB * (1 << 30))
+    chunk = b"\0" * (1 << 20)
+
+    def body():
+        for _ in range(limit // len(chunk) + 2):
+            yield chunk
+
+    r = post(server, "/ludic/upload_weights", params={"version": 10**6}, content=body())
+    assert r.status_code == 413 and "limit" in r.text, (r.status_code, r.text[:300])
+    assert not list(upload_dir.iterdir())  # nothing left behind
 
 
 # ---------------------------------------------------------------------------- generation

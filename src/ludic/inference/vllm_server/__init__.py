@@ -16,6 +16,8 @@ Every vLLM flag passes through (vLLM's own argument parser is reused). Ludic add
   ``/v1/load_lora_adapter`` load from; symlinks and ``..`` are resolved first, anything else
   is a 403 naming the path and the roots. The server's upload folder is always allowed (and
   is all that is, without the flag). ``--lora-modules`` given at start-up are not checked.
+* ``--ludic-max-upload-gib`` (default 4): the largest body ``/ludic/upload_weights`` takes;
+  a larger one (announced, or streamed) is a 413 and its partial file is removed.
 * ``--ludic-drain-timeout`` (s): how long a full-weight update waits for in-flight
   requests to finish before swapping weights anyway (default 300).
 * ``--ludic-kv-cache-gib``: KV cache size on the CPU backend when no
@@ -36,7 +38,8 @@ Routes added (JSON in and out):
 GET  /ludic/health                     ``{"status": "ok", "version": int}`` (engine health checked)
 GET  /ludic/policy                     ``{"version", "adapter", "model", "base_model",
                                        "base_version", "adapters", "logprobs_mode", "platform",
-                                       "allowed_weight_dirs", "upload_dir", ...}``
+                                       "allowed_weight_dirs", "upload_dir", "max_upload_bytes",
+                                       ...}``
 POST /ludic/load_adapter               ``{"name", "path", "version"?, "force"?}``: load a peft LoRA
                                        folder as ``<name>-v<version>``, make it the policy, retire
                                        the previous adapter (removed once its in-flight requests

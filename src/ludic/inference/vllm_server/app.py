@@ -13,7 +13,7 @@ from typing import Any
 
 from ludic.inference.vllm_server.auth import AllowedDirs, LudicMiddleware, check_security, guard_lora_loads
 from ludic.inference.vllm_server.state import PolicyState
-from ludic.inference.vllm_server.weights import engine, fail, install_weight_routes
+from ludic.inference.vllm_server.weights import engine, fail, install_weight_routes, max_upload_bytes
 from ludic.inference.wire import TOKEN_ENV
 
 logger = logging.getLogger("ludic.vllm_server")
@@ -48,6 +48,7 @@ def install_ludic(app: Any, args: Any, token: str | None) -> PolicyState:
         out["inflight"] = sum(state.inflight.values())
         out["allowed_weight_dirs"] = [str(r) for r in allowed]
         out["upload_dir"] = str(upload_root)
+        out["max_upload_bytes"] = max_upload_bytes(args)
         return out
 
     # vLLM's app may already have built its middleware stack; rebuild it with ours outermost.
@@ -82,6 +83,8 @@ def add_ludic_args(parser: Any) -> Any:
                    help="folders (and everything below them) from which clients may make the server load "
                         "adapters or weights; repeat or comma-separate. The server's own upload folder is "
                         "always allowed, and is all that is allowed without this flag")
+    g.add_argument("--ludic-max-upload-gib", type=float, default=4.0,
+                   help="largest body /ludic/upload_weights accepts (413 beyond it); bigger models push by path")
     g.add_argument("--ludic-drain-timeout", type=float, default=300.0,
                    help="seconds a full-weight update waits for in-flight requests")
     g.add_argument("--ludic-update-timeout", type=float, default=600.0,

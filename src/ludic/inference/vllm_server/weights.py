@@ -71,6 +71,10 @@ def _check_weights_folder(folder: Path, reference: set[str] | None) -> None:
         )
 
 
+def max_upload_bytes(args: Any) -> int:
+    return int(args.ludic_max_upload_gib * (1 << 30))
+
+
 def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: AllowedDirs, upload_root: Path) -> Any:
     """Add the weight routes to ``app``; returns ``remove_adapter(name)`` (the middleware
     calls it when a retired adapter's last request ends).
@@ -87,6 +91,13 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
             reference = _safetensors_names(model_dir)
         except ValueError:
             reference = None
+
+    max_upload = max_upload_bytes(args)
+
+    def too_big(size: int, at_least: str = "") -> str:
+        return (f"upload of {at_least}{size} bytes is over this server's limit of {max_upload} bytes "
+                "(--ludic-max-upload-gib); raise the limit, or push by path from a folder under "
+                "--allowed-weight-dirs")
 
     async def remove_adapter(name: str) -> None:
         """Unregister a retired adapter from vLLM and free its engine slot."""
@@ -216,12 +227,19 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
                 data["version"] = int(q["version"])
             except ValueError:
                 return fail(400, "version must be an integer")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_upload:
+            return fail(413, too_big(int(declared)))
         folder = upload_root / f"upload-{time.time_ns()}"
         folder.mkdir(parents=True)
         try:
             t0 = time.perf_counter()
+            received = 0
             with open(folder / "model.safetensors", "wb") as f:
                 async for chunk in request.stream():
+                    received += len(chunk)
+                    if received > max_upload:  # the partial file goes with the folder (finally)
+                        return fail(413, too_big(received, "at least "))
                     f.write(chunk)
             recv_s = time.perf_counter() - t0
             res = await reload_from(request, folder, data)
