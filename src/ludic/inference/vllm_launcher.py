@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from ludic.inference.wire import TOKEN_ENV
+
 STARTUP_TIMEOUT_S = 300
 
 
@@ -32,6 +34,8 @@ class VLLMServerProcess:
         dtype: "auto" is float32 on CPUs without native bf16 (vLLM is ~5x faster there in fp32).
         allowed_dirs: folders the server may load adapters / weights from (where this run's
             publisher writes them); passed as ``--allowed-weight-dirs``.
+        token: bearer token, passed in the child's environment (``$LUDIC_SERVER_TOKEN``), never
+            on its command line; None leaves this process's environment as it is.
     """
 
     def __init__(
@@ -57,8 +61,9 @@ class VLLMServerProcess:
         ]
         for d in allowed_dirs or ():
             self.cmd += ["--allowed-weight-dirs", str(Path(d).resolve())]
+        self.env = dict(os.environ)
         if token:
-            self.cmd += ["--ludic-token", token]
+            self.env[TOKEN_ENV] = token
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(log_path) if log_path else Path(f"/tmp/ludic-vllm-{self.port}.log")
         self.proc: subprocess.Popen | None = None
@@ -68,7 +73,8 @@ class VLLMServerProcess:
 
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=self.env)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

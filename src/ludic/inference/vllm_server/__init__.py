@@ -7,10 +7,11 @@ Run it as::
 
 Every vLLM flag passes through (vLLM's own argument parser is reused). Ludic adds:
 
-* ``--ludic-token`` (or ``$LUDIC_SERVER_TOKEN``): bearer token. Required when ``--host``
-  is anything but 127.0.0.1 / localhost / ::1; then every route except ``GET /health``
-  needs ``Authorization: Bearer <token>``. The default host is 127.0.0.1 (vLLM's own
-  default binds every interface).
+* ``$LUDIC_SERVER_TOKEN`` or ``--ludic-token-file PATH``: bearer token (never on the command
+  line, where every user of the machine can read it; ``--ludic-token`` is refused). Required
+  when ``--host`` is anything but 127.0.0.1 / localhost / ::1; then every route except
+  ``GET /health`` needs ``Authorization: Bearer <token>``. The default host is 127.0.0.1
+  (vLLM's own default binds every interface). vLLM's ``--api-key`` is not a Ludic token.
 * ``--allowed-weight-dirs DIR[,DIR...]`` (repeatable): the only folders (with everything
   below them) that ``/ludic/load_adapter``, ``/ludic/update_weights`` and vLLM's own
   ``/v1/load_lora_adapter`` load from; symlinks and ``..`` are resolved first, anything else

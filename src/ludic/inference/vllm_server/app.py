@@ -11,7 +11,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ludic.inference.vllm_server.auth import AllowedDirs, LudicMiddleware, check_security, guard_lora_loads
+from ludic.inference.vllm_server.auth import (
+    TOKEN_FLAG_REMOVED,
+    AllowedDirs,
+    LudicMiddleware,
+    check_security,
+    guard_lora_loads,
+    server_token,
+)
 from ludic.inference.vllm_server.state import PolicyState
 from ludic.inference.vllm_server.weights import engine, fail, install_weight_routes, max_upload_bytes
 from ludic.inference.wire import TOKEN_ENV
@@ -76,9 +83,9 @@ def _given(argv: list[str], flag: str) -> bool:
 
 def add_ludic_args(parser: Any) -> Any:
     g = parser.add_argument_group("Ludic")
-    g.add_argument("--ludic-token", default=None,
-                   help=f"bearer token for every route but /health (or ${TOKEN_ENV}); "
-                        "required when --host is not a loopback address")
+    g.add_argument("--ludic-token-file", default=None, metavar="PATH",
+                   help=f"file holding the bearer token for every route but /health (or set ${TOKEN_ENV}); "
+                        "a token is required when --host is not a loopback address")
     g.add_argument("--allowed-weight-dirs", action="append", default=None, metavar="DIR[,DIR...]",
                    help="folders (and everything below them) from which clients may make the server load "
                         "adapters or weights; repeat or comma-separate. The server's own upload folder is "
@@ -99,6 +106,8 @@ def prepare_args(argv: list[str]) -> tuple[Any, str | None]:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    if _given(argv, "ludic-token"):
+        raise SystemExit(TOKEN_FLAG_REMOVED)
     parser = FlexibleArgumentParser(description="Ludic's vLLM server (vLLM OpenAI server + policy updates)")
     parser = add_ludic_args(make_arg_parser(parser))
     args = parser.parse_args(argv)
@@ -108,7 +117,7 @@ def prepare_args(argv: list[str]) -> tuple[Any, str | None]:
         args.host = "127.0.0.1"
     args.allowed_weight_dirs = [d.strip() for given in (args.allowed_weight_dirs or [])
                                 for d in given.split(",") if d.strip()]
-    token = args.ludic_token or os.environ.get(TOKEN_ENV) or (args.api_key or [None])[0]
+    token = server_token(args.ludic_token_file)
     check_security(args.host, token)
     if not _given(argv, "generation-config"):
         args.generation_config = "vllm"

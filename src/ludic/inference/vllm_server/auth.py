@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,46 @@ GENERATION_PATHS = ("/v1/completions", "/v1/chat/completions")
 OPEN_PATHS = ("/health",)
 
 
+logger = logging.getLogger("ludic.vllm_server")
+
+TOKEN_FLAG_REMOVED = (
+    "ludic.inference.vllm_server: --ludic-token was removed (a token on the command line is visible "
+    f"to every user of the machine through ps and /proc). Set ${TOKEN_ENV} in the server's environment "
+    "or pass --ludic-token-file PATH (a file holding the token)."
+)
+
+
+def server_token(token_file: str | None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The bearer token: from ``token_file`` or ``$LUDIC_SERVER_TOKEN`` (never from argv).
+
+    vLLM's ``--api-key`` is not a Ludic token: it guards only vLLM's own routes.
+    """
+    from_env = environ.get(TOKEN_ENV) or None
+    if token_file is None:
+        return from_env
+    try:
+        path = Path(token_file)
+        from_file = path.read_text().strip()
+    except OSError as e:
+        raise SystemExit(f"ludic.inference.vllm_server: cannot read --ludic-token-file {token_file}: {e}") from None
+    if not from_file:
+        raise SystemExit(f"ludic.inference.vllm_server: --ludic-token-file {token_file} is empty")
+    if from_env and from_env != from_file:
+        raise SystemExit(f"ludic.inference.vllm_server: ${TOKEN_ENV} and --ludic-token-file {token_file} differ; "
+                         "give the server one token")
+    if path.stat().st_mode & 0o077:
+        logger.warning("--ludic-token-file %s is readable by other users (chmod 600 it)", token_file)
+    return from_file
+
+
 def check_security(host: str | None, token: str | None) -> None:
     """Refuse to serve on a non-loopback address without a token."""
     if host not in LOCAL_HOSTS and not token:
         raise SystemExit(
             f"ludic.inference.vllm_server: refusing to bind --host {host!r} without a token. "
-            f"Pass --ludic-token or set {TOKEN_ENV} (clients then send "
-            "'Authorization: Bearer <token>'), or bind 127.0.0.1."
+            f"Set {TOKEN_ENV} or pass --ludic-token-file PATH (clients then send "
+            "'Authorization: Bearer <token>'; vLLM's --api-key guards only vLLM's own routes), "
+            "or bind 127.0.0.1."
         )
 
 
