@@ -361,14 +361,16 @@ class NCCLTransport:
         self.master_address, self.master_port = master_address, master_port
         self.engine: Any = None
         self._version: int | None = None
+        self._lease: str | None = None
 
     # the VLLMWeightSyncClient protocol vLLM's trainer engine drives
-    def _post(self, path: str, body: dict[str, Any] | None = None) -> None:
+    def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         import httpx
 
         r = httpx.post(self.url + path, json=body or {}, headers=self.headers, timeout=self.timeout_s)
         if r.status_code >= 300:
             raise PublishError(f"{self.url}{path}: HTTP {r.status_code} {r.text[:300]}")
+        return r.json()
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         self._post("/ludic/init_communicator", {"init_info": init_info})
@@ -377,13 +379,13 @@ class NCCLTransport:
         self._post("/ludic/close_communicator")
 
     def start_weight_update(self) -> None:
-        self._post("/ludic/nccl/start")
+        self._lease = self._post("/ludic/nccl/start").get("lease")  # this update's hold on the server
 
     def update_weights(self, update_info: Any) -> None:
-        self._post("/ludic/nccl/update", {"update_info": update_info})
+        self._post("/ludic/nccl/update", {"update_info": update_info, "lease": self._lease})
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self._post("/ludic/nccl/finish", {"version": self._version})
+        self._post("/ludic/nccl/finish", {"version": self._version, "lease": self._lease})
 
     def send(self, sd: dict[str, torch.Tensor], version: int) -> dict[str, Any]:
         import httpx

@@ -53,6 +53,7 @@ def install_ludic(app: Any, args: Any, token: str | None) -> PolicyState:
         out["platform"] = "cpu" if _is_cpu() else "gpu"
         out["world_size"] = engine(request).vllm_config.parallel_config.world_size_across_dp
         out["inflight"] = sum(state.inflight.values())
+        out["updating"] = state.lock.holder.owner if state.lock.holder else None
         out["allowed_weight_dirs"] = [str(r) for r in allowed]
         out["upload_dir"] = str(upload_root)
         out["max_upload_bytes"] = max_upload_bytes(args)

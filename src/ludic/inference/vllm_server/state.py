@@ -1,12 +1,19 @@
-"""What the server serves as 'the policy', and the gate that keeps weight swaps atomic."""
+"""What the server serves as 'the policy', the gate that keeps weight swaps atomic, and the
+update lock with an explicit holder (an NCCL update holds it across requests)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from ludic.inference.wire import POLICY_ALIAS
+
+logger = logging.getLogger("ludic.vllm_server")
 
 
 class UpdateGate:
@@ -52,6 +59,47 @@ class UpdateGate:
             self._cond.notify_all()
 
 
+@dataclass(frozen=True, eq=False)
+class Lease:
+    """One holding of the update lock."""
+
+    owner: str
+    """What took it (a route name)."""
+    id: str = field(default_factory=lambda: secrets.token_hex(8))
+    """Unique per holding; an NCCL trainer sends it back with /ludic/nccl/update and /finish."""
+
+
+class UpdateLock:
+    """The lock that serialises weight changes, with an explicit holder: only the lease that
+    acquired it releases it, so a late or repeated release (an NCCL finish after its watchdog
+    gave up, a finish without a start) cannot free a lock another route holds."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self.holder: Lease | None = None
+
+    async def acquire(self, owner: str) -> Lease:
+        await self._lock.acquire()
+        self.holder = Lease(owner)
+        return self.holder
+
+    def release(self, lease: Lease) -> bool:
+        """Release if ``lease`` holds the lock; False (and nothing released) otherwise."""
+        if self.holder is not lease:
+            return False
+        self.holder = None
+        self._lock.release()
+        return True
+
+    @asynccontextmanager
+    async def hold(self, owner: str) -> AsyncIterator[Lease]:
+        lease = await self.acquire(owner)
+        try:
+            yield lease
+        finally:
+            self.release(lease)
+
+
 @dataclass
 class PolicyState:
     """What the server is serving as 'the policy'."""
@@ -70,7 +118,7 @@ class PolicyState:
     retired: set[str] = field(default_factory=set)
     inflight: dict[str, int] = field(default_factory=dict)
     """In-flight generation requests per resolved model name."""
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    lock: UpdateLock = field(default_factory=UpdateLock)
     gate: UpdateGate = field(default_factory=UpdateGate)
 
     def resolve(self, model: str | None) -> tuple[str, int]:
@@ -103,3 +151,62 @@ class PolicyState:
             "adapters": dict(self.adapters),
             "alias": POLICY_ALIAS,
         }
+
+
+NO_NCCL_UPDATE = "no NCCL weight update in progress"
+
+
+class NCCLSession:
+    """The NCCL weight update in progress (at most one). It holds the update lock and the gate
+    from /ludic/nccl/start to /ludic/nccl/finish; if the trainer never finishes, the watchdog
+    gives back exactly that hold after ``timeout_s``. A finish or update that does not belong to
+    the running update (none running, or another lease id) gets nothing."""
+
+    def __init__(self, state: PolicyState, timeout_s: float) -> None:
+        self.state = state
+        self.timeout_s = timeout_s
+        self.lease: Lease | None = None
+        self._watchdog: asyncio.Future | None = None
+
+    async def start(self, drain_timeout_s: float, engine_start: Callable[[], Awaitable[Any]]) -> tuple[Lease, bool]:
+        """Take the lock, drain, then ``engine_start()``; returns (lease, drained)."""
+        lease = await self.state.lock.acquire("nccl")
+        drained = await self.state.gate.begin_update(drain_timeout_s)
+        try:
+            await engine_start()
+        except BaseException:
+            await self.end(lease, swapped=False)
+            raise
+        self.lease = lease
+        self._watchdog = asyncio.ensure_future(self._expire(lease))
+        return lease, drained
+
+    def current(self, lease_id: str | None = None) -> Lease | None:
+        """The running update's lease, if there is one and ``lease_id`` (when given) names it."""
+        if self.lease is None or (lease_id is not None and lease_id != self.lease.id):
+            return None
+        return self.lease
+
+    def take(self, lease_id: str | None = None) -> Lease | None:
+        """Hand the running update to its finisher (the watchdog stands down); None if none runs."""
+        lease = self.current(lease_id)
+        if lease is not None:
+            self.lease = None
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+        return lease
+
+    async def end(self, lease: Lease, swapped: bool = True) -> None:
+        """Reopen the gate and release the lock that ``lease`` holds."""
+        await self.state.gate.end_update(swapped=swapped)
+        self.state.lock.release(lease)
+
+    def refusal(self) -> str:
+        return (f"{NO_NCCL_UPDATE}: none was started with /ludic/nccl/start, it belongs to another "
+                f"trainer (lease id), or it was given up after --ludic-update-timeout {self.timeout_s:.0f}s")
+
+    async def _expire(self, lease: Lease) -> None:
+        await asyncio.sleep(self.timeout_s)
+        if self.take(lease.id) is lease:
+            logger.error("NCCL weight update not finished after %.0fs: reopening the gate", self.timeout_s)
+            await self.end(lease)

@@ -4,7 +4,6 @@ behind the policy version and the update gate."""
 # No ``from __future__ import annotations``: FastAPI reads the route signatures' ``Request``
 # annotations at runtime, and Request is imported inside the installer (fastapi loads lazily).
 
-import asyncio
 import logging
 import shutil
 import time
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic.inference.vllm_server.auth import AllowedDirs, PathNotAllowed
-from ludic.inference.vllm_server.state import PolicyState
+from ludic.inference.vllm_server.state import NCCLSession, PolicyState
 
 logger = logging.getLogger("ludic.vllm_server")
 
@@ -135,7 +134,7 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
         from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
 
-        async with state.lock:
+        async with state.lock.hold("load_adapter"):
             try:
                 version = state.next_version(data.get("version"), bool(data.get("force")))
             except ValueError as e:
@@ -161,7 +160,7 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
 
     @app.post("/ludic/unload_adapter")
     async def ludic_unload_adapter(request: Request):
-        async with state.lock:
+        async with state.lock.hold("unload_adapter"):
             previous, state.adapter = state.adapter, None
             state.version = state.base_version
             if previous is not None:
@@ -184,7 +183,7 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
             _check_weights_folder(folder, reference)
         except ValueError as e:
             return fail(400, str(e))
-        async with state.lock:
+        async with state.lock.hold("full_weights"):
             try:
                 version = state.next_version(data.get("version"), bool(data.get("force")))
             except ValueError as e:
@@ -249,16 +248,8 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    # ---- NCCL (GPU) route: vLLM's weight-transfer engine behind Ludic's version/gate.
-    nccl: dict[str, Any] = {"watchdog": None}
-
-    async def release_after(timeout: float) -> None:
-        await asyncio.sleep(timeout)
-        logger.error("NCCL weight update not finished after %.0fs: reopening the gate", timeout)
-        nccl["watchdog"] = None
-        await state.gate.end_update(swapped=True)
-        if state.lock.locked():
-            state.lock.release()
+    # ---- NCCL (GPU) route: vLLM's weight-transfer engine behind Ludic's version, gate and lock.
+    nccl = NCCLSession(state, float(args.ludic_update_timeout))
 
     @app.post("/ludic/init_communicator")
     async def ludic_init_communicator(request: Request):
@@ -274,22 +265,19 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
 
     @app.post("/ludic/nccl/start")
     async def ludic_nccl_start(request: Request):
-        await state.lock.acquire()
         try:
-            drained = await state.gate.begin_update(drain_timeout)
-            await engine(request).start_weight_update()
+            lease, drained = await nccl.start(drain_timeout, engine(request).start_weight_update)
         except Exception as e:
-            await state.gate.end_update(swapped=False)
-            state.lock.release()
             return fail(500, f"start_weight_update failed: {e}")
-        nccl["watchdog"] = asyncio.ensure_future(release_after(float(args.ludic_update_timeout)))
-        return {"status": "ok", "drained": drained}
+        return {"status": "ok", "drained": drained, "lease": lease.id}
 
     @app.post("/ludic/nccl/update")
     async def ludic_nccl_update(request: Request):
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         data = await body_of(request)
+        if nccl.current(data.get("lease")) is None:
+            return fail(409, nccl.refusal())
         await engine(request).update_weights(
             request=WeightTransferUpdateRequest(update_info=data["update_info"])
         )
@@ -297,19 +285,23 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
 
     @app.post("/ludic/nccl/finish")
     async def ludic_nccl_finish(request: Request):
-        data = await body_of(request)
         try:
+            data = await body_of(request)
             version = state.next_version(data.get("version"), True)
+        except ValueError as e:
+            return fail(400, str(e))
+        lease = nccl.take(data.get("lease"))
+        if lease is None:  # nothing of ours to finish: leave the lock and gate to their holder
+            return fail(409, nccl.refusal())
+        try:
             await engine(request).finish_weight_update(str(version))
             await engine(request).reset_prefix_cache()
             await full_weights_swapped(version, reopen=False)
+        except Exception as e:
+            logger.exception("finish_weight_update failed")
+            return fail(500, f"finish_weight_update failed (weights may be half updated): {e}")
         finally:
-            if nccl["watchdog"] is not None:
-                nccl["watchdog"].cancel()
-                nccl["watchdog"] = None
-            await state.gate.end_update()
-            if state.lock.locked():
-                state.lock.release()
+            await nccl.end(lease)
         return {"version": version}
 
     @app.post("/ludic/close_communicator")
