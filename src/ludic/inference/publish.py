@@ -18,9 +18,12 @@ under torch.distributed, and returns timing stats for the logger.
   full reload) and ``TransformersEngine`` (shares the trainer's model: bump the version, or
   copy weights when it holds a separate model).
 
-A server that cannot be reached is recorded in the returned stats (``errors``) and
-skipped (it gets the next version); a server that rejects the push (4xx, e.g. a
-non-increasing version) raises ``PublishError``. FSDP: gather the full state dict on
+Connection errors, read timeouts, 429 and 5xx are retried with the same version (a server
+answers a repeat of the push it last applied with ``already_applied``, so a retry after a lost
+answer is safe). A server that stays unreachable is recorded in the returned stats
+(``errors``) and skipped (it gets the next version); one that refuses the push (4xx, e.g. a
+non-increasing version from another source) or keeps failing it (5xx) raises ``PublishError``,
+which names the server, route, status and answer. FSDP: gather the full state dict on
 every rank first and pass it as ``model`` (a mapping of name -> tensor) on rank 0.
 """
 
@@ -43,9 +46,17 @@ from ludic.distributed import is_rank0
 from ludic.inference.models import is_peft, unwrap
 from ludic.inference.wire import auth_headers, client_token
 
+RETRY_STATUS = {429, 500, 502, 503, 504}
+"""Answers after which a push is retried (with the same version: a repeat of an applied push is
+answered ``already_applied``, so retrying is safe)."""
+
 
 class PublishError(RuntimeError):
-    """A server rejected a weight push (bad request, version conflict)."""
+    """A server refused a weight push (4xx), or kept failing it (5xx / 429 after the retries)."""
+
+    def __init__(self, url: str, route: str, status: int, answer: str) -> None:
+        self.url, self.route, self.status, self.answer = url, route, status, answer
+        super().__init__(f"weight push to {url}{route} failed: HTTP {status}: {answer}")
 
 
 @runtime_checkable
@@ -146,10 +157,14 @@ class _HTTPPublisher:
         return auth_headers(self.token)
 
     def _post(self, url: str, path: str, **kw: Any) -> dict[str, Any]:
+        """POST with retries on connection errors, timeouts, 429 and 5xx; returns the answer
+        (plus ``http_s`` and ``attempts``). A retry of a push the server already applied comes
+        back as ``{"already_applied": true}``. Raises PublishError for a 4xx, or for a 429/5xx
+        that outlasts the retries, and ConnectionError when the server could not be reached."""
         import httpx
 
         headers = {**self._headers(), **kw.pop("headers", {})}
-        last = ""
+        failure: PublishError | str = "no attempt"  # what the last attempt got
         for attempt in range(self.retries + 1):
             if attempt:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
@@ -157,16 +172,18 @@ class _HTTPPublisher:
             try:
                 r = httpx.post(url + path, headers=headers, timeout=self.timeout_s, **kw)
             except httpx.TransportError as e:
-                last = f"{type(e).__name__}: {e}"
+                failure = f"{type(e).__name__}: {e}"
                 continue
             if r.status_code < 300:
                 out = r.json()
-                out["http_s"] = time.perf_counter() - t0
+                out.update(http_s=time.perf_counter() - t0, attempts=attempt + 1)
                 return out
-            if r.status_code < 500:
-                raise PublishError(f"{url}{path} rejected the push: HTTP {r.status_code} {r.text[:500]}")
-            last = f"HTTP {r.status_code}: {r.text[:300]}"
-        raise ConnectionError(last)
+            failure = PublishError(url, path, r.status_code, r.text[:1000])
+            if r.status_code not in RETRY_STATUS:
+                raise failure
+        if isinstance(failure, PublishError):
+            raise failure
+        raise ConnectionError(f"{url}{path} unreachable after {self.retries + 1} attempts: {failure}")
 
     def _fan_out(self, path: str, make_kw: Any) -> tuple[dict[str, Any], dict[str, str]]:
         results: dict[str, Any] = {}
@@ -369,7 +386,7 @@ class NCCLTransport:
 
         r = httpx.post(self.url + path, json=body or {}, headers=self.headers, timeout=self.timeout_s)
         if r.status_code >= 300:
-            raise PublishError(f"{self.url}{path}: HTTP {r.status_code} {r.text[:300]}")
+            raise PublishError(self.url, path, r.status_code, r.text[:1000])
         return r.json()
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:

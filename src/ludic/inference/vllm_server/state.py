@@ -4,11 +4,13 @@ update lock with an explicit holder (an NCCL update holds it across requests).""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ludic.inference.wire import POLICY_ALIAS
@@ -108,7 +110,9 @@ class PolicyState:
     version: int = 0
     """Version of the current policy."""
     last_version: int = 0
-    """Highest version ever set (new pushes must exceed it unless forced)."""
+    """Version of the last push (new pushes must exceed it unless forced; a forced one may lower it)."""
+    last_source: str | None = None
+    """What the last push loaded (see ``folder_source``; ``upload:<sha256>`` for uploads)."""
     base_version: int = 0
     """Version of the last full-weight push (0 = the weights the server started with)."""
     adapter: str | None = None
@@ -129,11 +133,23 @@ class PolicyState:
             return model, max(self.adapters[model], self.base_version)
         return model, self.base_version
 
+    def admit(self, requested: Any, force: bool, source: str) -> int | None:
+        """Version for a push of ``source``; None when this very push (same version, same
+        source) was the last one applied, e.g. a retry whose first answer was lost."""
+        if not force and type(requested) is int and requested == self.last_version and source == self.last_source:
+            return None
+        return self.next_version(requested, force)
+
+    def applied(self, version: int, source: str | None) -> None:
+        """Record a push that changed the policy."""
+        self.version = self.last_version = version
+        self.last_source = source
+
     def next_version(self, requested: Any, force: bool) -> int:
         if requested is None:
             return self.last_version + 1
         if isinstance(requested, bool) or not isinstance(requested, int):
-            raise ValueError(f"version must be an integer, got {requested!r}")
+            raise TypeError(f"version must be an integer, got {requested!r}")
         if requested <= self.last_version and not force:
             raise ValueError(
                 f"version {requested} is not newer than the server's last version "
@@ -144,6 +160,7 @@ class PolicyState:
     def as_dict(self) -> dict[str, Any]:
         return {
             "version": self.version,
+            "last_version": self.last_version,
             "adapter": self.adapter,
             "model": self.adapter or self.base_model,
             "base_model": self.base_model,
@@ -151,6 +168,14 @@ class PolicyState:
             "adapters": dict(self.adapters),
             "alias": POLICY_ALIAS,
         }
+
+
+def folder_source(kind: str, folder: Path) -> str:
+    """Identity of a pushed folder: its resolved path and its files' names, sizes and mtimes, so a
+    folder rewritten in place (other weights under the same path) counts as another source."""
+    files = sorted(f for f in folder.rglob("*") if f.is_file())
+    stats = [(str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    return f"{kind}:{folder}:{hashlib.sha256(repr(stats).encode()).hexdigest()[:16]}"
 
 
 NO_NCCL_UPDATE = "no NCCL weight update in progress"

@@ -4,6 +4,7 @@ behind the policy version and the update gate."""
 # No ``from __future__ import annotations``: FastAPI reads the route signatures' ``Request``
 # annotations at runtime, and Request is imported inside the installer (fastapi loads lazily).
 
+import hashlib
 import logging
 import shutil
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic.inference.vllm_server.auth import AllowedDirs, PathNotAllowed
-from ludic.inference.vllm_server.state import NCCLSession, PolicyState
+from ludic.inference.vllm_server.state import NCCLSession, PolicyState, folder_source
 
 logger = logging.getLogger("ludic.vllm_server")
 
@@ -134,11 +135,16 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
         from vllm.entrypoints.serve.engine.protocol import ErrorResponse
         from vllm.entrypoints.serve.lora.protocol import LoadLoRAAdapterRequest
 
+        source = folder_source(f"adapter:{name}", path)
         async with state.lock.hold("load_adapter"):
             try:
-                version = state.next_version(data.get("version"), bool(data.get("force")))
+                version = state.admit(data.get("version"), bool(data.get("force")), source)
+            except TypeError as e:
+                return fail(400, str(e))
             except ValueError as e:
                 return fail(409, str(e))
+            if version is None:
+                return {"version": state.last_version, "adapter": state.adapter, "already_applied": True}
             served_name = f"{name}-v{version}"
             t0 = time.perf_counter()
             models = app.state.openai_serving_models
@@ -151,7 +157,7 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
             previous = state.adapter
             state.adapters[served_name] = version
             state.adapter = served_name
-            state.version = state.last_version = version
+            state.applied(version, source)
             if previous is not None and previous != served_name:
                 state.retired.add(previous)
                 await remove_adapter(previous)
@@ -168,9 +174,10 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
                 await remove_adapter(previous)
         return {"version": state.version, "adapter": None}
 
-    async def full_weights_swapped(version: int, reopen: bool = True) -> None:
+    async def full_weights_swapped(version: int, source: str | None, reopen: bool = True) -> None:
         """New full weights are the whole policy: drop the adapter that sat on the old ones."""
-        state.base_version = state.version = state.last_version = version
+        state.applied(version, source)
+        state.base_version = version
         previous, state.adapter = state.adapter, None
         if reopen:
             await state.gate.end_update()
@@ -178,16 +185,20 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
             state.retired.add(previous)
             await remove_adapter(previous)
 
-    async def reload_from(request: Request, folder: Path, data: dict[str, Any]):
+    async def reload_from(request: Request, folder: Path, data: dict[str, Any], source: str):
         try:
             _check_weights_folder(folder, reference)
         except ValueError as e:
             return fail(400, str(e))
         async with state.lock.hold("full_weights"):
             try:
-                version = state.next_version(data.get("version"), bool(data.get("force")))
+                version = state.admit(data.get("version"), bool(data.get("force")), source)
+            except TypeError as e:
+                return fail(400, str(e))
             except ValueError as e:
                 return fail(409, str(e))
+            if version is None:
+                return {"version": state.last_version, "already_applied": True}
             t0 = time.perf_counter()
             drained = await state.gate.begin_update(drain_timeout)
             t1 = time.perf_counter()
@@ -200,7 +211,7 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
                 await state.gate.end_update(swapped=False)
                 logger.exception("reload_weights failed")
                 return fail(500, f"reload_weights failed (engine may be unusable): {e}")
-            await full_weights_swapped(version)
+            await full_weights_swapped(version, source)
             t2 = time.perf_counter()
         logger.info("policy -> full weights from %s (version %d, %.3fs)", folder, version, t2 - t0)
         return {"version": version, "drain_s": t1 - t0, "reload_s": t2 - t1,
@@ -215,7 +226,7 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
             return fail(400, f"update_weights needs JSON {{path, version?}}: {e}")
         except PathNotAllowed as e:
             return fail(403, str(e))
-        return await reload_from(request, folder, data)
+        return await reload_from(request, folder, data, folder_source("weights", folder))
 
     @app.post("/ludic/upload_weights")
     async def ludic_upload_weights(request: Request):
@@ -233,15 +244,16 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
         folder.mkdir(parents=True)
         try:
             t0 = time.perf_counter()
-            received = 0
+            received, digest = 0, hashlib.sha256()
             with open(folder / "model.safetensors", "wb") as f:
                 async for chunk in request.stream():
                     received += len(chunk)
                     if received > max_upload:  # the partial file goes with the folder (finally)
                         return fail(413, too_big(received, "at least "))
                     f.write(chunk)
+                    digest.update(chunk)
             recv_s = time.perf_counter() - t0
-            res = await reload_from(request, folder, data)
+            res = await reload_from(request, folder, data, f"upload:{digest.hexdigest()}")
             if isinstance(res, dict):
                 res["receive_s"] = recv_s
             return res
@@ -288,7 +300,7 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
         try:
             data = await body_of(request)
             version = state.next_version(data.get("version"), True)
-        except ValueError as e:
+        except (TypeError, ValueError) as e:
             return fail(400, str(e))
         lease = nccl.take(data.get("lease"))
         if lease is None:  # nothing of ours to finish: leave the lock and gate to their holder
@@ -296,7 +308,7 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
         try:
             await engine(request).finish_weight_update(str(version))
             await engine(request).reset_prefix_cache()
-            await full_weights_swapped(version, reopen=False)
+            await full_weights_swapped(version, None, reopen=False)
         except Exception as e:
             logger.exception("finish_weight_update failed")
             return fail(500, f"finish_weight_update failed (weights may be half updated): {e}")
