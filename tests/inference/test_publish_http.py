@@ -21,14 +21,17 @@ ROUTE = "/ludic/upload_weights"
 
 @contextmanager
 def scripted_server(actions: list):
-    """Answers the i-th POST with ``actions[i]``: ``(status, json_body)``, or ``"drop"`` (read the
+    """Answers the i-th request with ``actions[i]``: ``(status, json_body)``, or ``"drop"`` (read the
     request, then close the connection without an answer, like a server that dies mid-push)."""
     seen: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            self.do_POST()
+
+        def do_POST(self) -> None:  # noqa: N802
             self.rfile.read(int(self.headers.get("content-length", 0)))
-            seen.append(self.path)
+            seen.append(f"{self.command} {self.path}")
             action = actions[len(seen) - 1]
             if action == "drop":
                 self.close_connection = True
@@ -55,8 +58,8 @@ def scripted_server(actions: list):
         srv.server_close()
 
 
-def publisher(url: str, retries: int = 3) -> VLLMFullWeightsPublisher:
-    return VLLMFullWeightsPublisher([url], transport="upload", retries=retries, backoff_s=0.01, token="t")
+def publisher(urls: str | list[str], retries: int = 3) -> VLLMFullWeightsPublisher:
+    return VLLMFullWeightsPublisher(urls, transport="upload", retries=retries, backoff_s=0.01, token="t")
 
 
 def test_rate_limited_push_is_retried() -> None:
@@ -80,7 +83,7 @@ def test_rejected_push_is_not_retried() -> None:
     with scripted_server([(409, answer)]) as (url, seen):
         with pytest.raises(PublishError) as e:
             publisher(url).publish(WEIGHTS, 1)
-    assert len(seen) == 1
+    assert len(seen) == 1 and e.value.status == 409
     msg = str(e.value)
     assert url in msg and ROUTE in msg and "409" in msg and answer["error"] in msg, msg
 
@@ -90,6 +93,23 @@ def test_dropped_connection_is_retried() -> None:
     with scripted_server(["drop", (200, {"version": 1, "already_applied": True})]) as (url, seen):
         stats = publisher(url).publish(WEIGHTS, 1)
     assert len(seen) == 2 and stats["servers"][url]["already_applied"] is True
+
+
+def test_server_version_is_the_highest_among_the_servers() -> None:
+    with scripted_server([(200, {"last_version": 3})]) as (a, seen_a), \
+            scripted_server([(503, {"error": "busy"}), (200, {"last_version": 7})]) as (b, seen_b):
+        assert publisher([a, b]).server_version() == 7
+    assert seen_a == ["GET /ludic/policy"] and seen_b == ["GET /ludic/policy"] * 2
+
+
+def test_force_and_the_first_publish() -> None:
+    """force=True reaches the server; a publisher's first publish happens even when not due."""
+    with scripted_server([(200, {"version": 5}), (200, {"version": 8})]) as (url, seen):
+        pub = VLLMFullWeightsPublisher([url], transport="upload", token="t", every_n_steps=4)
+        assert pub.publish(WEIGHTS, 5, force=True)["servers"][url]["version"] == 5  # first: always due
+        assert pub.publish(WEIGHTS, 6)["skipped"] == "not due"
+        assert pub.publish(WEIGHTS, 8)["servers"][url]["version"] == 8
+    assert seen == [f"POST {ROUTE}?version=5&force=1", f"POST {ROUTE}?version=8&force=0"]
 
 
 def test_unreachable_server_is_recorded_and_skipped() -> None:

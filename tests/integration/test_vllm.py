@@ -473,6 +473,31 @@ async def test_push_retried_after_a_read_timeout_succeeds(server: VLLMServerProc
           f"total {stats['total_s']:.1f}s")
 
 
+def test_publishers_read_and_reset_the_server_version(server: VLLMServerProcess, model_dir: Path,
+                                                      weights_root: Path, base_weights: Path) -> None:
+    """server_version() is the server's last version; a lower version is refused unless forced,
+    and a forced one resets the server's version (a new run on a reused server)."""
+    from safetensors.torch import load_file
+
+    pub = VLLMAdapterPublisher([server.url], weights_root / "reset", token=TOKEN, name="reset")
+    v = pub.server_version()
+    assert v == get(server, "/ludic/policy").json()["last_version"]
+    newer = max(v, 2) + 1
+    assert not pub.publish(peft_model(model_dir, seed=9), newer)["errors"]
+    assert pub.server_version() == newer
+    with pytest.raises(PublishError, match="not newer"):
+        pub.publish(peft_model(model_dir, seed=10), 2)
+    assert not pub.publish(peft_model(model_dir, seed=10), 2, force=True)["errors"]
+    policy = get(server, "/ludic/policy").json()
+    assert pub.server_version() == 2 and policy["version"] == 2 and policy["adapter"] == "reset-v2"
+
+    full = VLLMFullWeightsPublisher([server.url], weights_root / "reset-full", token=TOKEN, transport="path")
+    with pytest.raises(PublishError, match="not newer"):
+        full.publish(load_file(str(base_weights / "model.safetensors")), 1)
+    assert not full.publish(load_file(str(base_weights / "model.safetensors")), 1, force=True)["errors"]
+    assert full.server_version() == 1 and get(server, "/ludic/policy").json()["adapter"] is None
+
+
 # ---------------------------------------------------------------------------- in-process engine
 
 
@@ -501,10 +526,14 @@ def test_in_process_engine(model_dir: Path, tokenizer, base_greedy, hf_model, tm
         assert max_diff < LOGPROB_TOL[0] and mean_diff < LOGPROB_TOL[1], (max_diff, mean_diff)
 
         pub = InProcessPublisher(eng, mode="adapter", out_dir=tmp_path / "a")
+        assert pub.server_version() == 0
         pub.publish(peft_model(model_dir, seed=1), 1)
         r1 = asyncio.run(run())  # a new event loop: the engine is not tied to one
         assert eng.policy_version == 1 and set(r1.trace.policy_versions) == {1}
         assert r1.trace.completion_ids != base_greedy
+        assert pub.server_version() == 1
+        with pytest.raises(ValueError, match="not newer"):
+            pub.publish(peft_model(model_dir, seed=1), 1)
 
         full = InProcessPublisher(eng, mode="full", out_dir=tmp_path / "f")
         from transformers import AutoModelForCausalLM

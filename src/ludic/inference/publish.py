@@ -2,8 +2,14 @@
 
 The trainer calls ``publisher.publish(model, version)`` after an optimizer step
 (``version`` = the step). A publisher decides whether this step is due
-(``every_n_steps``: published when ``version % every_n_steps == 0``), acts only on rank 0
-under torch.distributed, and returns timing stats for the logger.
+(``every_n_steps``: published when ``version % every_n_steps == 0``; its first publish is
+always due), acts only on rank 0 under torch.distributed, and returns timing stats for the
+logger.
+
+Engines keep their version across trainer runs (a reused server): they accept only a
+version newer than their last one. ``publisher.server_version()`` reads it (the highest
+among several servers; None for an engine without state of its own), so a starting trainer
+publishes its weights above it, or resets it with ``publish(model, version, force=True)``.
 
 * ``VLLMAdapterPublisher`` (default for LoRA): ``model.save_pretrained`` of the peft
   adapter into ``out_dir/v<version>``, then ``POST /ludic/load_adapter`` on every server.
@@ -61,7 +67,15 @@ class PublishError(RuntimeError):
 
 @runtime_checkable
 class WeightPublisher(Protocol):
-    def publish(self, model: Any, version: int) -> dict[str, Any]: ...
+    def publish(self, model: Any, version: int, *, force: bool = False) -> dict[str, Any]:
+        """Push ``model`` as policy ``version``. Engines accept only versions newer than their
+        last one; ``force=True`` makes them take any version (to reset an engine's version)."""
+        ...
+
+    def server_version(self) -> int | None:
+        """The engines' last version (the highest among several servers): what a (re)starting
+        trainer must publish above, or force. None: the engine has no state of its own."""
+        ...
 
 
 class rank0_only:  # noqa: N801 - reads as a decorator-like wrapper
@@ -70,10 +84,23 @@ class rank0_only:  # noqa: N801 - reads as a decorator-like wrapper
     def __init__(self, inner: WeightPublisher) -> None:
         self.inner = inner
 
-    def publish(self, model: Any, version: int) -> dict[str, Any]:
+    def publish(self, model: Any, version: int, *, force: bool = False) -> dict[str, Any]:
         if not is_rank0():
             return {"skipped": "not rank 0", "version": version}
-        return self.inner.publish(model, version)
+        return self.inner.publish(model, version, force=force)
+
+    def server_version(self) -> int | None:
+        return self.inner.server_version()
+
+
+def _skipped(version: int, every_n_steps: int, first: bool) -> dict[str, Any] | None:
+    """Why this publish does nothing, if it does nothing: not rank 0, or not due (a publisher's
+    first publish is always due, so the engines start from the trainer's weights)."""
+    if not is_rank0():
+        return {"skipped": "not rank 0", "version": version}
+    if not first and version % every_n_steps != 0:
+        return {"skipped": "not due", "version": version}
+    return None
 
 
 # --------------------------------------------------------------------------- helpers
@@ -150,14 +177,22 @@ class _HTTPPublisher:
         self.backoff_s = backoff_s
         self.last_version: int | None = None
 
-    def due(self, version: int) -> bool:
-        return version % self.every_n_steps == 0
+    def _skipped(self, version: int) -> dict[str, Any] | None:
+        return _skipped(version, self.every_n_steps, self.last_version is None)
+
+    def server_version(self) -> int:
+        """Highest ``last_version`` among the servers (0 for fresh ones); raises PublishError
+        or ConnectionError when one cannot say (a server not answering may hold a higher one)."""
+        return max(int(self._request("GET", url, "/ludic/policy")["last_version"]) for url in self.urls)
 
     def _headers(self) -> dict[str, str]:
         return auth_headers(self.token)
 
     def _post(self, url: str, path: str, **kw: Any) -> dict[str, Any]:
-        """POST with retries on connection errors, timeouts, 429 and 5xx; returns the answer
+        return self._request("POST", url, path, **kw)
+
+    def _request(self, method: str, url: str, path: str, **kw: Any) -> dict[str, Any]:
+        """Send with retries on connection errors, timeouts, 429 and 5xx; returns the answer
         (plus ``http_s`` and ``attempts``). A retry of a push the server already applied comes
         back as ``{"already_applied": true}``. Raises PublishError for a 4xx, or for a 429/5xx
         that outlasts the retries, and ConnectionError when the server could not be reached."""
@@ -170,7 +205,7 @@ class _HTTPPublisher:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
             t0 = time.perf_counter()
             try:
-                r = httpx.post(url + path, headers=headers, timeout=self.timeout_s, **kw)
+                r = httpx.request(method, url + path, headers=headers, timeout=self.timeout_s, **kw)
             except httpx.TransportError as e:
                 failure = f"{type(e).__name__}: {e}"
                 continue
@@ -224,11 +259,9 @@ class VLLMAdapterPublisher(_HTTPPublisher):
         self.name = name
         self.keep_last = max(2, keep_last)
 
-    def publish(self, model: Any, version: int) -> dict[str, Any]:
-        if not is_rank0():
-            return {"skipped": "not rank 0", "version": version}
-        if not self.due(version):
-            return {"skipped": "not due", "version": version}
+    def publish(self, model: Any, version: int, *, force: bool = False) -> dict[str, Any]:
+        if (skipped := self._skipped(version)) is not None:
+            return skipped
         model = unwrap(model)
         if not is_peft(model):
             raise TypeError("VLLMAdapterPublisher needs a peft model; use VLLMFullWeightsPublisher")
@@ -240,7 +273,7 @@ class VLLMAdapterPublisher(_HTTPPublisher):
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)  # servers never see a half-written adapter
         t1 = time.perf_counter()
-        body = {"name": self.name, "path": str(folder), "version": int(version)}
+        body = {"name": self.name, "path": str(folder), "version": int(version), "force": force}
         results, errors = self._fan_out("/ludic/load_adapter", lambda url: {"json": body})
         t2 = time.perf_counter()
         _prune(self.out_dir, self.keep_last)
@@ -283,11 +316,9 @@ class VLLMFullWeightsPublisher(_HTTPPublisher):
             return self.transport
         return "path" if _is_loopback(url) else "upload"
 
-    def publish(self, model: Any, version: int) -> dict[str, Any]:
-        if not is_rank0():
-            return {"skipped": "not rank 0", "version": version}
-        if not self.due(version):
-            return {"skipped": "not due", "version": version}
+    def publish(self, model: Any, version: int, *, force: bool = False) -> dict[str, Any]:
+        if (skipped := self._skipped(version)) is not None:
+            return skipped
         from safetensors.torch import save, save_file
 
         t0 = time.perf_counter()
@@ -309,8 +340,8 @@ class VLLMFullWeightsPublisher(_HTTPPublisher):
 
         def kw_for(url: str) -> dict[str, Any]:
             if modes[url] == "path":
-                return {"json": {"path": str(folder), "version": int(version)}}
-            return {"content": blob, "params": {"version": int(version)},
+                return {"json": {"path": str(folder), "version": int(version), "force": force}}
+            return {"content": blob, "params": {"version": int(version), "force": int(force)},
                     "headers": {"content-type": "application/octet-stream"}}
 
         lock = threading.Lock()
@@ -438,6 +469,10 @@ class InProcessPublisher:
     * ``TransformersEngine`` holding the trainer's own model: the weights are already
       live, so only ``policy_version`` is bumped; holding another model: its weights are
       copied in (``load_state_dict``) and the version bumped.
+
+    ``server_version()`` is the ``VLLMEngineClient``'s policy version (which ``publish`` must
+    exceed unless ``force=True``), and None for a ``TransformersEngine``, which has no state of
+    its own (any version is taken).
     """
 
     def __init__(self, engine: Any, *, mode: str = "adapter", out_dir: str | os.PathLike | None = None,
@@ -449,6 +484,13 @@ class InProcessPublisher:
         self._out_dir = Path(out_dir).resolve() if out_dir else None
         self.every_n_steps = every_n_steps
         self.keep_last = keep_last
+        self._published = False
+
+    def _is_vllm(self) -> bool:
+        return hasattr(self.engine, "load_adapter") and hasattr(self.engine, "update_weights")
+
+    def server_version(self) -> int | None:
+        return int(self.engine.policy_version) if self._is_vllm() else None
 
     @property
     def out_dir(self) -> Path:
@@ -457,15 +499,18 @@ class InProcessPublisher:
             self._out_dir = Path(tempfile.mkdtemp(prefix="ludic-inproc-")).resolve()
         return self._out_dir
 
-    def publish(self, model: Any, version: int) -> dict[str, Any]:
-        if not is_rank0():
-            return {"skipped": "not rank 0", "version": version}
-        if version % self.every_n_steps != 0:
-            return {"skipped": "not due", "version": version}
+    def publish(self, model: Any, version: int, *, force: bool = False) -> dict[str, Any]:
+        if (skipped := _skipped(version, self.every_n_steps, not self._published)) is not None:
+            return skipped
+        out = self._push(model, version, force)
+        self._published = True
+        return out
+
+    def _push(self, model: Any, version: int, force: bool) -> dict[str, Any]:
         t0 = time.perf_counter()
         eng = self.engine
         model = unwrap(model) if not isinstance(model, Mapping) else model
-        if hasattr(eng, "load_adapter") and hasattr(eng, "update_weights"):  # VLLMEngineClient
+        if self._is_vllm():  # VLLMEngineClient
             folder = self.out_dir / f"v{version:07d}"
             shutil.rmtree(folder, ignore_errors=True)
             if self.mode == "adapter":
@@ -473,14 +518,14 @@ class InProcessPublisher:
                     raise TypeError("mode='adapter' needs a peft model")
                 model.save_pretrained(folder)
                 t1 = time.perf_counter()
-                eng.load_adapter(folder, version=version)
+                eng.load_adapter(folder, version=version, force=force)
             else:
                 from safetensors.torch import save_file
 
                 folder.mkdir(parents=True)
                 save_file(merged_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
                 t1 = time.perf_counter()
-                eng.update_weights(folder, version=version)
+                eng.update_weights(folder, version=version, force=force)
             _prune(self.out_dir, self.keep_last)
             t2 = time.perf_counter()
             return {"version": version, "kind": self.mode, "save_s": t1 - t0, "push_s": t2 - t1,

@@ -133,15 +133,24 @@ class VLLMEngineClient:
 
     # ------------------------------------------------------------------ weights
 
-    def load_adapter(self, path: str | os.PathLike, version: int | None = None) -> int:
-        """Serve the peft adapter in ``path`` as the policy (new LoRARequest id); returns the version."""
+    def _next_version(self, version: int | None, force: bool) -> int:
+        if version is None:
+            return self.policy_version + 1
+        if int(version) <= self.policy_version and not force:
+            raise ValueError(f"version {version} is not newer than the engine's version {self.policy_version} "
+                             "(force=True to override)")
+        return int(version)
+
+    def load_adapter(self, path: str | os.PathLike, version: int | None = None, *, force: bool = False) -> int:
+        """Serve the peft adapter in ``path`` as the policy (new LoRARequest id); returns the version.
+        ``version`` must exceed the current one unless ``force``."""
         if not self.enable_lora:
             raise RuntimeError("VLLMEngineClient was built with enable_lora=False")
         from vllm.lora.request import LoRARequest
 
         if not (Path(path) / "adapter_config.json").exists():
             raise FileNotFoundError(f"{path} is not a peft adapter folder (no adapter_config.json)")
-        new_version = self.policy_version + 1 if version is None else int(version)
+        new_version = self._next_version(version, force)
         lora_id = next(self._lora_ids)
         req = LoRARequest(f"policy-v{new_version}", lora_id, str(Path(path).resolve()))
 
@@ -155,14 +164,15 @@ class VLLMEngineClient:
 
         return self._call(swap, drain=False)
 
-    def update_weights(self, path: str | os.PathLike, version: int | None = None) -> int:
+    def update_weights(self, path: str | os.PathLike, version: int | None = None, *, force: bool = False) -> int:
         """Reload full weights from a safetensors folder (drains running requests first).
 
         The new weights are the whole policy: a LoRA adapter that was being served is dropped.
+        ``version`` must exceed the current one unless ``force``.
         """
         if not any(Path(path).glob("*.safetensors")):
             raise FileNotFoundError(f"no *.safetensors in {path}")
-        new_version = self.policy_version + 1 if version is None else int(version)
+        new_version = self._next_version(version, force)
 
         def reload() -> int:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(Path(path).resolve())})
