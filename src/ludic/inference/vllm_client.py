@@ -9,10 +9,17 @@ Token-out: completion ids exactly as sampled (the EOS token is included when the
 stopped on it, as vLLM reports it in ``token_ids``), the log-probability of each sampled
 token, and the policy version per token.
 
-Log-probs are vLLM's ``raw_logprobs`` (its default ``--logprobs-mode``): the
-log-softmax of the model's logits before temperature, top-p or any other processing, i.e.
-what the trainer computes at temperature 1. (With temperature != 1 they are therefore
-not the probabilities the sampler drew from; that is what the losses expect.)
+Log-probs are those of the distribution each token was sampled from. The Ludic server runs
+vLLM with ``--logprobs-mode processed_logprobs``, which in vLLM 0.32 is the log-softmax of the
+logits after the request's logits processors and penalties, the temperature (``logits / T``)
+and top-k / top-p: tokens outside the top-k or the nucleus get -inf and the rest are
+renormalised over what is kept. With ``top_p=1`` and no top-k that is exactly
+``log_softmax(logits / T)``, what the trainer computes at the sampling temperature (as TRL
+and verl do); with ``top_p < 1`` it is larger than the trainer's full-vocabulary value by
+``-log(mass of the nucleus)``. Greedy requests (temperature 0) get ``log_softmax(logits)``.
+A plain vLLM server defaults to ``raw_logprobs`` (temperature 1, before any processing):
+start it with ``--logprobs-mode processed_logprobs`` (the client warns when a Ludic server
+reports another mode).
 
 Policy version: on a Ludic server (``python -m ludic.inference.vllm_server``) the client
 asks for the model alias ``ludic-policy``; the server resolves it at admission to the
@@ -32,6 +39,7 @@ becomes ``ChatResponse.failed`` (a failed rollout step, not a crashed run).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import time
@@ -45,6 +53,7 @@ from ludic.inference.wire import MIXED_HEADER, POLICY_ALIAS, VERSION_HEADER, aut
 from ludic.types import FinishReason, TokenTrace
 
 RETRY_STATUS = {408, 429, 500, 502, 503, 504}
+logger = logging.getLogger("ludic.vllm_client")
 
 
 class PolicyVersionError(RuntimeError):
@@ -168,6 +177,10 @@ class VLLMChatClient:
             try:
                 resp, _ = await self._call("GET", "/ludic/policy")
                 self._ludic = True
+                mode = resp.json().get("logprobs_mode")
+                if mode != "processed_logprobs":
+                    logger.warning("%s returns %s log-probs, not those of the sampling distribution "
+                                   "(start it with --logprobs-mode processed_logprobs)", self.base_url, mode)
             except _GaveUp as e:
                 if "HTTP 404" not in str(e):
                     raise

@@ -7,8 +7,9 @@ executed by the same thread between engine steps.
 
 Token-in / token-out semantics match ``VLLMChatClient``: prompt ids in (or the
 tokenizer's rendering of the messages), completion ids out (EOS included when the model
-stopped on it), raw log-probs of the sampled tokens (vLLM's default ``raw_logprobs``: the
-model distribution at temperature 1, before top-p) and the policy version per token.
+stopped on it), the log-probs of the sampled tokens under the distribution they were sampled
+from (``logprobs_mode="processed_logprobs"``: log_softmax(logits / T) at top_p 1, renormalised
+over the nucleus below it; see ``ludic.inference.vllm_client``) and the policy version per token.
 
 Policy versions: a request is tagged with ``policy_version`` at admission. A request
 admitted with a LoRA adapter keeps that adapter until it ends (the previous adapter is
@@ -76,7 +77,7 @@ class VLLMEngineClient:
         path = resolve_model(model)
         kwargs: dict[str, Any] = dict(
             model=path, dtype=dtype, max_model_len=max_model_len, enforce_eager=enforce_eager,
-            generation_config="vllm", seed=seed,
+            generation_config="vllm", seed=seed, logprobs_mode="processed_logprobs",
         )
         if enable_lora:
             kwargs.update(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=max_loras)

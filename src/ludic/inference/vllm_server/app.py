@@ -122,6 +122,8 @@ def prepare_args(argv: list[str]) -> tuple[Any, str | None]:
     check_security(args.host, token)
     if not _given(argv, "generation-config"):
         args.generation_config = "vllm"
+    if not _given(argv, "logprobs-mode"):  # log-probs of the distribution sampled from (logits / T)
+        args.logprobs_mode = "processed_logprobs"
     if args.enable_lora and not _given(argv, "max-loras"):
         args.max_loras = 2
     cpu = _is_cpu()
