@@ -99,6 +99,19 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
                 "(--ludic-max-upload-gib); raise the limit, or push by path from a folder under "
                 "--allowed-weight-dirs")
 
+    def admit(data: dict[str, Any], source: str) -> Any:
+        """The push's version, or the answer to give instead: 400 (bad version), 409 (not newer),
+        200 ``already_applied`` (a repeat of the last push: same version, same source)."""
+        try:
+            version = state.admit(data.get("version"), bool(data.get("force")), source)
+        except TypeError as e:
+            return fail(400, str(e))
+        except ValueError as e:
+            return fail(409, str(e))
+        if version is None:
+            return {"version": state.last_version, "adapter": state.adapter, "already_applied": True}
+        return version
+
     async def remove_adapter(name: str) -> None:
         """Unregister a retired adapter from vLLM and free its engine slot."""
         if state.inflight.get(name):
@@ -137,14 +150,9 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
 
         source = folder_source(f"adapter:{name}", path)
         async with state.lock.hold("load_adapter"):
-            try:
-                version = state.admit(data.get("version"), bool(data.get("force")), source)
-            except TypeError as e:
-                return fail(400, str(e))
-            except ValueError as e:
-                return fail(409, str(e))
-            if version is None:
-                return {"version": state.last_version, "adapter": state.adapter, "already_applied": True}
+            version = admit(data, source)
+            if not isinstance(version, int):
+                return version
             served_name = f"{name}-v{version}"
             t0 = time.perf_counter()
             models = app.state.openai_serving_models
@@ -191,14 +199,9 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
         except ValueError as e:
             return fail(400, str(e))
         async with state.lock.hold("full_weights"):
-            try:
-                version = state.admit(data.get("version"), bool(data.get("force")), source)
-            except TypeError as e:
-                return fail(400, str(e))
-            except ValueError as e:
-                return fail(409, str(e))
-            if version is None:
-                return {"version": state.last_version, "already_applied": True}
+            version = admit(data, source)
+            if not isinstance(version, int):
+                return version
             t0 = time.perf_counter()
             drained = await state.gate.begin_update(drain_timeout)
             t1 = time.perf_counter()
