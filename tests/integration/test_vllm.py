@@ -403,7 +403,9 @@ async def test_full_weight_push(server: VLLMServerProcess, model_dir: Path, base
     up = VLLMFullWeightsPublisher([server.url], token=TOKEN, transport="upload")
     stats = up.publish(model, v + 2)
     assert not stats["errors"], stats
-    print(f"full-weight push (upload): total {stats['total_s']:.2f}s")
+    srv = stats["servers"][server.url]
+    print(f"full-weight push (upload): serialize {stats['serialize_s']:.2f}s, server receive {srv['receive_s']:.2f}s, "
+          f"reload {srv['reload_s']:.2f}s, total {stats['total_s']:.2f}s")
     again = up.publish(model, v + 2)  # the same bytes again (a retry): applied once, answered twice
     assert not again["errors"] and again["servers"][server.url]["already_applied"] is True, again
     r = await greedy(c)
