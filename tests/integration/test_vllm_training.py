@@ -18,13 +18,35 @@ def test_grpo_steps_on_vllm_server_publish_adapters(tmp_path):
     ))
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2]
-    assert lines[-1]["policy_version"] == 2 and m["num_rollouts"] == 8
-    # each step's adapter was pushed to the server and tokens were tagged with the serving version
+    # the starting adapter is version 1 (a fresh server is at 0), then one version per step
+    assert lines[-1]["policy_version"] == 3 and m["num_rollouts"] == 8
     assert (run / "adapters").exists() and any((run / "adapters").iterdir())
     rollouts = [json.loads(x) for x in (run / "rollouts.jsonl").read_text().splitlines()]
-    versions = {v for r in rollouts for s in r["steps"] for v in (s["trace"] or {}).get("policy_versions", [])}
-    assert versions <= {0, 1} and 1 in versions  # step 2's episodes were sampled by the adapter of step 1
+    versions = [{v for s in r["steps"] for v in (s["trace"] or {}).get("policy_versions", [])} for r in rollouts]
+    assert versions[:8] == [{1}] * 8 and versions[8:] == [{2}] * 8  # step 2 was sampled by step 1's adapter
     assert (run / "vllm_server.log").exists()
+
+
+def test_a_reused_server_ahead_of_the_trainer_is_adopted(tmp_path):
+    """Two runs against one running server: the second trainer starts at version 0, the server is at 2;
+    it adopts the server's version instead of crashing on its first push."""
+    import httpx
+
+    from ludic.inference.models import packaged_model_dir
+    from ludic.inference.vllm_launcher import VLLMServerProcess
+
+    server = VLLMServerProcess(str(packaged_model_dir()), log_path=tmp_path / "server.log", allowed_dirs=[tmp_path],
+                               extra_args=["--enable-lora", "--max-lora-rank", "8"]).start()
+    try:
+        common = dict(inference="vllm", port=server.port, train_steps=1, group_size=2, rollouts_per_update=2,
+                      max_completion_tokens=8, logger="none", lora_rank=8, concurrency=2, final_save=False)
+        first = train(TrainTicTacToeConfig(run_dir=str(tmp_path / "a"), **common))
+        assert first["policy_version"] == 2
+        second = train(TrainTicTacToeConfig(run_dir=str(tmp_path / "b"), **common))
+        assert second["policy_version"] == 4  # adopted 2, started at 3, one step
+        assert httpx.get(f"{server.url}/ludic/policy", timeout=10).json()["version"] == 4
+    finally:
+        server.stop()
 
 
 def test_eval_with_started_server(tmp_path):
