@@ -109,7 +109,9 @@ def bench_server(model_dir: Path, ids: list[tuple[int, ...]], max_tokens: int, o
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = open(Path(tempfile.gettempdir()) / "ludic-bench-vllm-server.log", "wb")
+    push_root = Path(tempfile.mkdtemp(prefix="ludic-bench-push-"))  # the server loads only from allowed roots
     cmd = [sys.executable, "-m", "ludic.inference.vllm_server", "--model", str(model_dir),
+           "--allowed-weight-dirs", str(push_root),
            "--port", str(port), "--enforce-eager", "--dtype", dtype, "--max-model-len", "2048",
            "--enable-lora", "--max-lora-rank", "16", "--uvicorn-log-level", "warning",
            "--disable-log-stats"]
@@ -125,7 +127,7 @@ def bench_server(model_dir: Path, ids: list[tuple[int, ...]], max_tokens: int, o
         print(f"server route: {out['server']}", flush=True)
 
         pm = peft_model(model_dir, dtype)
-        with tempfile.TemporaryDirectory() as d:
+        with tempfile.TemporaryDirectory(dir=push_root) as d:
             pub = VLLMAdapterPublisher([url], Path(d) / "adapters")
             runs = [pub.publish(pm, v) for v in (1, 2, 3)]
             assert not any(r["errors"] for r in runs), [r["errors"] for r in runs]

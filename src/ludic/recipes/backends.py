@@ -6,7 +6,9 @@ backend serves the policy. This is recipe wiring: it lives here, not in
 ``ludic.inference``, so serving code never imports training code.
 
     ludic train tictactoe --inference vllm              starts a server for the run
-    ludic train tictactoe --inference vllm --port 8000  uses a running server
+    ludic train tictactoe --inference vllm --port 8000  uses a running server, which must have been
+                                                        started with --allowed-weight-dirs covering the
+                                                        run directory (pushes are folders there)
     ludic eval tictactoe --inference vllm --start-server
     ludic eval tictactoe --inference vllm --model ttt_rl   (adapter served with --lora-modules ttt_rl=<dir>)
 
