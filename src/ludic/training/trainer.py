@@ -1,15 +1,17 @@
 """Trainer: the optimisation loop, and only that.
 
-One ``train_step``:
+Before the first step the starting weights are published (``publish_start``). One ``train_step``:
     1. pull a SAWBatch from the batch source (sync rollouts, offline data or Redis);
-    2. drop items older than ``max_lag`` policy versions; cut items to ``max_seq_len``;
-    3. compute whole-batch normalisers (tokens, segments; all-reduced across ranks);
-    4. split into micro-batches under ``micro_token_budget``; for each, score the
-       action tokens, build ``LossInputs``, ``compute_loss``, ``backward``;
-       (micro-batch losses sum to the batch loss, so no rescaling is needed);
-    5. all-reduce gradients across ranks (plain data parallel; FSDP2 does its own);
-    6. clip, AdamW step, LR schedule; bump the policy version and publish weights;
-    7. checkpoint and log.
+    2. drop items older than ``max_lag`` policy versions; cut items to ``max_seq_len``
+       (both counted); a batch empty on every rank is not a step;
+    3. ``ppo_epochs`` x ``num_minibatches`` optimizer steps (one by default), each:
+       whole-batch normalisers (trained tokens, episodes; all-reduced across ranks);
+       micro-batches under ``micro_token_budget``, each scored at its sampling
+       temperature, ``compute_loss``, ``backward`` (micro-batch losses sum to the
+       batch loss, so no rescaling); gradients all-reduced across ranks (plain data
+       parallel, every rank joins; FSDP2 does its own); clip; AdamW step;
+    4. LR schedule; bump the policy version and publish weights;
+    5. checkpoint and log.
 
 Everything algorithm-specific lives in the ``Algorithm`` (credit + LossConfig),
 which the batch source and ``compute_loss`` consume.
