@@ -19,7 +19,10 @@ from ludic.envs.registry import Registry
 from ludic.types import JSON, StepOutcome
 
 RewardFn = Callable[[str, str], float]
-REWARDS: Registry[RewardFn] = Registry("reward", {"move_quality": "ludic.data.thinktactoe:move_quality_reward"})
+REWARDS: Registry[RewardFn] = Registry("reward", {
+    "move_quality": "ludic.data.thinktactoe:move_quality_reward",
+    "solver_move": "ludic.envs.tictactoe_positions:solver_move_reward_text",
+})
 
 
 def register_reward(name: str, fn: RewardFn) -> None:

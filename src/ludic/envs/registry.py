@@ -44,6 +44,7 @@ ENVS: Registry[EnvFactory] = Registry("env kind", {
     "tictactoe": "ludic.envs.tictactoe:TicTacToeEnv",
     "tictactoe_selfplay": "ludic.envs.tictactoe:TicTacToeGame",
     "prompt": "ludic.envs.prompt_env:PromptEnv",
+    "tictactoe_position": "ludic.envs.tictactoe_positions:TicTacToePositionEnv",
 })
 
 

@@ -314,14 +314,16 @@ def result_for(board: Board, mark: str) -> str | None:
 
 
 def format_observation(
-    board: Board, mark: str, note: str | None, status: str | None, compact: bool = False
+    board: Board, mark: str, note: str | None, status: str | None, compact: bool = False,
+    show_moves: bool = True,
 ) -> str:
     """Observation text for ``mark``: optional note line, the board, then either
-    the available moves and "Your move." (``status`` None) or ``status``."""
+    the available moves (``show_moves``) and "Your move." (``status`` None) or ``status``."""
     lines = [note] if note else []
     lines += ["Board:", render_board(board, compact)]
     if status is None:
-        lines.append("Available moves: " + ", ".join(coord(m) for m in legal_moves(board)))
+        if show_moves:
+            lines.append("Available moves: " + ", ".join(coord(m) for m in legal_moves(board)))
         lines.append(f"You are {mark}. Your move.")
     else:
         lines.append(f"You are {mark}. {status}")
@@ -375,6 +377,7 @@ class TicTacToeEnv(SingleAgentEnv):
         win_reward, draw_reward, loss_reward, illegal_reward: terminal rewards.
         show_opponent_move: start observations with "Opponent (O) played B2."
         compact: render the board as a small labelled grid (fewer prompt tokens).
+        show_moves: list the available moves under the board.
         agent_id: the agent's role name.
     """
 
@@ -390,10 +393,12 @@ class TicTacToeEnv(SingleAgentEnv):
         illegal_reward: float = -1.0,
         show_opponent_move: bool = True,
         compact: bool = False,
+        show_moves: bool = True,
         agent_id: str = "agent_0",
     ) -> None:
         super().__init__(agent_id)
         self.compact = compact
+        self.show_moves = show_moves
         self.agent_starts = agent_starts
         if isinstance(opponent, str):
             self.opponent_name, self._opponent = opponent, make_opponent(opponent, epsilon)
@@ -421,7 +426,7 @@ class TicTacToeEnv(SingleAgentEnv):
         note = None
         if reply is not None and self.show_opponent_move:
             note = f"Opponent ({other(self.mark)}) played {coord(reply)}."
-        return format_observation(self.board, self.mark, note, status, self.compact)
+        return format_observation(self.board, self.mark, note, status, self.compact, self.show_moves)
 
     def env_reset(self, seed: int | None = None) -> tuple[str, JSON]:
         self._rng = random.Random(seed)
@@ -446,7 +451,7 @@ class TicTacToeEnv(SingleAgentEnv):
         if move is None:
             info["result"] = "illegal"
             note, status = _illegal_note(action), _STATUS["illegal"]
-            obs = format_observation(self.board, self.mark, note, status, self.compact)
+            obs = format_observation(self.board, self.mark, note, status, self.compact, self.show_moves)
             return StepOutcome(obs, self.rewards("illegal"), terminated=True, info=info)
         self._board = play(self.board, move)
         reply, result = None, result_for(self.board, self.mark)
