@@ -487,7 +487,9 @@ async def test_push_retried_after_a_read_timeout_succeeds(server: VLLMServerProc
         v = (await http.get("/ludic/policy")).json()["version"]
         async with long_request(http):
             push = asyncio.create_task(asyncio.to_thread(pub.publish, weights, v + 1))
-            await until(http, lambda p: p["updating"] == "full_weights")  # attempt 1 holds the lock, draining
+            # attempt 1 holds the lock, draining (a push that ended first says why in the failure)
+            await until(http, lambda p: p["updating"] == "full_weights" or push.done(), timeout_s=180.0)
+            assert not push.done(), (push.exception() or push.result(), server.log_path.read_text()[-3000:])
             await asyncio.sleep(2.0)  # past the publisher's 1 s read timeout: attempt 1 has given up
             assert not push.done()
         stats = await push  # the drain ends, attempt 1's push is applied, a retry is answered
