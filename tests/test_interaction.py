@@ -93,3 +93,13 @@ async def test_self_play_gives_both_seats_the_outcome(scripted, tokenizer):
     assert rx.steps[-1].terminated and rx.steps[-1].info["result"] == "win" and rx.total_reward == 1.0
     assert ro.steps[-1].terminated and ro.steps[-1].info["result"] == "loss" and ro.total_reward == 0.0
     assert rx.meta["agent_id"] == "X" and ro.meta["agent_id"] == "O"
+
+
+async def test_self_play_illegal_move_gives_the_other_seat_the_win(scripted, tokenizer):
+    # X plays B2, O answers B2 (taken): O is penalised, X wins by forfeit on its last step
+    x = _agent(scripted(["<think>x</think><move>B2</move>"], tokenizer))
+    o = _agent(scripted(["<think>o</think><move>B2</move>"], tokenizer))
+    rx, ro = await MultiAgentProtocol({"X": x, "O": o}).run(TicTacToeGame(), max_steps=5, env_seed=0)
+    assert ro.total_reward == -1.0 and ro.steps[-1].info["result"] == "illegal"
+    assert len(rx.steps) == 1 and rx.steps[-1].terminated and rx.total_reward == 1.0
+    assert rx.steps[-1].info["result"] == "win" and rx.steps[-1].info["opponent_illegal"] is True

@@ -419,16 +419,36 @@ def test_game_draw_rewards_both():
         "X": (0.5, True, "draw"), "O": (0.5, True, "draw")}
 
 
-def test_game_illegal_move():
-    game = TicTacToeGame(illegal_reward=-1.0)
+def test_game_illegal_move_forfeits_the_game_to_the_other_seat():
+    game = TicTacToeGame(win_reward=1.0, illegal_reward=-1.0)
     game.reset()
     game.step({"X": "B2"})
     out = game.step({"O": "b2"})  # occupied
     assert out["O"].terminated and out["O"].reward == -1.0
     assert out["O"].info["result"] == "illegal" and out["O"].info["illegal_move"] is True
-    assert out["X"].terminated and out["X"].reward == 0.0
-    assert out["X"].info["result"] == "opponent_illegal"
-    assert "illegal move" in out["X"].obs and game.active_agents == []
+    # the other seat wins by forfeit: the win reward, result "win", and a flag telling it from a real win
+    assert out["X"].terminated and out["X"].reward == 1.0
+    assert out["X"].info["result"] == "win" and out["X"].info["opponent_illegal"] is True
+    assert "opponent_illegal" not in out["O"].info
+    assert "illegal move" in out["X"].obs and "you won" in out["X"].obs
+    assert game.observe("X") == out["X"].obs and game.active_agents == []
+
+
+def test_game_forfeit_win_uses_the_configured_win_reward():
+    game = TicTacToeGame(win_reward=2.0, illegal_reward=-3.0)
+    game.reset()
+    out = game.step({"X": "D4"})  # not a cell
+    assert (out["X"].reward, out["X"].info["result"]) == (-3.0, "illegal")
+    assert (out["O"].reward, out["O"].info["result"], out["O"].info["opponent_illegal"]) == (2.0, "win", True)
+
+
+def test_game_real_win_is_not_marked_as_a_forfeit():
+    game = TicTacToeGame()
+    game.reset()
+    for mark, move in [("X", "A1"), ("O", "B1"), ("X", "A2"), ("O", "B2")]:
+        game.step({mark: move})
+    out = game.step({"X": "A3"})
+    assert out["X"].info["result"] == "win" and "opponent_illegal" not in out["X"].info
 
 
 # ---------------------------------------------------------------- move kinds
