@@ -285,7 +285,7 @@ _STATUS = {
     "loss": "Game over: you lost.",
     "draw": "Game over: draw.",
     "illegal": "Game over: you made an illegal move and lost.",
-    "opponent_illegal": "Game over: your opponent made an illegal move.",
+    "opponent_illegal": "Game over: your opponent made an illegal move, so you won.",
 }
 
 
@@ -299,8 +299,8 @@ class Rewards:
     illegal: float = -1.0
 
     def __call__(self, result: str | None) -> float:
-        """Reward for a result of ``result_for`` (or ``"illegal"``, ``"opponent_illegal"``)."""
-        if result is None or result == "opponent_illegal":
+        """Reward for a result of ``result_for`` (or ``"illegal"``); None (game on) gives 0."""
+        if result is None:
             return 0.0
         return float(getattr(self, result))
 
@@ -472,9 +472,10 @@ class TicTacToeGame(LudicEnv):
     ``step({mover: action})`` returns an outcome for both players: the mover
     gets the ``judge_move`` info plus ``agent_mark``; the other player gets
     ``opponent_move`` and the new board (its turn). Terminal rewards go to
-    both (win/loss/draw); an illegal move ends the game with
-    ``illegal_reward`` for the mover and 0.0 for the other player (results
-    ``"illegal"`` / ``"opponent_illegal"``).
+    both (win/loss/draw). An illegal move ends the game: the mover gets
+    ``illegal_reward`` (result ``"illegal"``), the other player wins by
+    forfeit: ``win_reward``, result ``"win"`` and info ``opponent_illegal:
+    True`` (so metrics can tell a forfeit from a win on the board).
     """
 
     AGENT_IDS = ("X", "O")
@@ -514,8 +515,12 @@ class TicTacToeGame(LudicEnv):
 
     def _result(self, mark: str) -> str | None:
         if self._illegal is not None:
-            return "illegal" if self._illegal[0] == mark else "opponent_illegal"
+            return "illegal" if self._illegal[0] == mark else "win"  # a forfeit is a win
         return result_for(self.board, mark)
+
+    def _forfeit_win(self, mark: str) -> bool:
+        """True when ``mark`` won because the other player moved illegally."""
+        return self._illegal is not None and self._illegal[0] != mark
 
     def observe(self, agent_id: str) -> str:
         if agent_id not in self.AGENT_IDS:
@@ -529,7 +534,7 @@ class TicTacToeGame(LudicEnv):
             note = f"Opponent ({other(agent_id)}) played {coord(self._last)}."
         result = self._result(agent_id)
         if result is not None:
-            status = _STATUS[result]
+            status = _STATUS["opponent_illegal" if self._forfeit_win(agent_id) else result]
         else:
             status = None if to_move(self.board) == agent_id else f"Waiting for {other(agent_id)}."
         return format_observation(self.board, agent_id, note, status, self.compact)
@@ -560,6 +565,8 @@ class TicTacToeGame(LudicEnv):
             result = self._result(mark)
             if result is not None:
                 info["result"] = result
+            if self._forfeit_win(mark):
+                info["opponent_illegal"] = True
             out[mark] = StepOutcome(
                 self.observe(mark), self.rewards(result), terminated=result is not None, info=info
             )
