@@ -395,6 +395,16 @@ def test_game_reset_and_turns():
         game.step({"X": "A1"})  # not X's turn
 
 
+def test_game_observations_match_the_bot_env_without_the_opponent_move():
+    game = TicTacToeGame(compact=True, show_opponent_move=False)
+    game.reset()
+    game.step({"X": "B2"})
+    env = TicTacToeEnv(agent_starts=False, compact=True, show_opponent_move=False,
+                       opponent=lambda board, rng: 4)  # the bot opens B2 too
+    obs, _ = env.env_reset(seed=0)
+    assert game.observe("O") == obs and "Opponent" not in obs
+
+
 def test_game_terminal_rewards_for_both_players():
     game = TicTacToeGame(win_reward=1.0, loss_reward=-1.0)
     game.reset()

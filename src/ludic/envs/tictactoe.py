@@ -476,6 +476,10 @@ class TicTacToeGame(LudicEnv):
     ``illegal_reward`` (result ``"illegal"``), the other player wins by
     forfeit: ``win_reward``, result ``"win"`` and info ``opponent_illegal:
     True`` (so metrics can tell a forfeit from a win on the board).
+
+    Args: the rewards and ``compact`` as for ``TicTacToeEnv``;
+    ``show_opponent_move`` starts a player's observation with "Opponent (X)
+    played B2." (off: the same observations ``TicTacToeEnv`` gives with it off).
     """
 
     AGENT_IDS = ("X", "O")
@@ -488,9 +492,11 @@ class TicTacToeGame(LudicEnv):
         loss_reward: float = 0.0,
         illegal_reward: float = -1.0,
         compact: bool = False,
+        show_opponent_move: bool = True,
     ) -> None:
         self.rewards = Rewards(win_reward, draw_reward, loss_reward, illegal_reward)
         self.compact = compact
+        self.show_opponent_move = show_opponent_move
         self.board: Board = EMPTY_BOARD
         self._last: int | None = None
         self._illegal: tuple[str, str] | None = None  # (mark, raw action)
@@ -530,7 +536,7 @@ class TicTacToeGame(LudicEnv):
             mark, action = self._illegal
             note = (_illegal_note(action) if mark == agent_id
                     else f"Opponent ({mark}) made an illegal move {action!r}.")
-        elif self._last is not None and self.board[self._last] != agent_id:
+        elif self.show_opponent_move and self._last is not None and self.board[self._last] != agent_id:
             note = f"Opponent ({other(agent_id)}) played {coord(self._last)}."
         result = self._result(agent_id)
         if result is not None:
