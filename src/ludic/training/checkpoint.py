@@ -146,13 +146,26 @@ def load_checkpoint(
     restore_rng: bool = True,
 ) -> dict[str, Any]:
     """Restore weights (adapter or full), optimizer, scheduler and RNG; return trainer state."""
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not (path / "trainer_state.json").exists():
         raise FileNotFoundError(f"{path} is not a Ludic checkpoint (no trainer_state.json)")
     state = json.loads((path / "trainer_state.json").read_text())
-    mdir = path / "model"
+    load_model_weights(model, path / "model")
+    if optimizer is not None and (path / "optimizer.pt").exists():
+        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    if scheduler is not None and (path / "scheduler.pt").exists():
+        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    if restore_rng and (path / "rng.json").exists():
+        _set_rng_state(json.loads((path / "rng.json").read_text()))
+    return state
+
+
+def load_model_weights(model: Any, folder: str | Path) -> None:
+    """Load weights saved by ``model.save_pretrained`` into ``model`` in place: the LoRA adapter
+    of a peft model (``adapter_model.safetensors``), else the full safetensors weights."""
+    from safetensors.torch import load_file
+
+    mdir = Path(folder)
     if is_peft(model):
         from peft import set_peft_model_state_dict
 
@@ -161,24 +174,17 @@ def load_checkpoint(
         unexpected = getattr(result, "unexpected_keys", [])
         if unexpected:
             raise RuntimeError(f"{mdir}: adapter keys not in the model: {unexpected[:5]}")
-    else:
-        files = sorted(mdir.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"{mdir}: no safetensors weights")
-        sd: dict[str, torch.Tensor] = {}
-        for f in files:
-            sd.update(load_file(str(f)))
-        missing, unexpected = model.load_state_dict(sd, strict=False)
-        missing = [k for k in missing if not k.endswith("lm_head.weight")]
-        if missing or unexpected:
-            raise RuntimeError(f"{mdir}: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    if optimizer is not None and (path / "optimizer.pt").exists():
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-    if scheduler is not None and (path / "scheduler.pt").exists():
-        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-    if restore_rng and (path / "rng.json").exists():
-        _set_rng_state(json.loads((path / "rng.json").read_text()))
-    return state
+        return
+    files = sorted(mdir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{mdir}: no safetensors weights")
+    sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        sd.update(load_file(str(f)))
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise RuntimeError(f"{mdir}: missing {missing[:5]}, unexpected {unexpected[:5]}")
 
 
 def _rng_state() -> dict[str, Any]:
