@@ -69,6 +69,14 @@ def test_build_saw_items_skips_failed_and_keeps_tokens():
     assert not drop_zero_weight(build_saw_items([_rollout([0.0])], MonteCarloReturn())[0])
 
 
+def test_build_saw_items_skips_frozen_opponents_before_credit():
+    a, b = _rollout([1.0], "g", agent="X"), _rollout([0.0], "g", agent="X")
+    frozen = _rollout([5.0], "g", agent="X")  # same group and seat: it would move the baseline
+    frozen.meta["trainable"] = False
+    items = build_saw_items([a, b, frozen], GroupNormalizedReturn("mean"))
+    assert {it.meta["rollout_id"]: it.weight for it in items} == {a.id: 0.5, b.id: -0.5}
+
+
 def test_grpo_strategy_shares_env_seed_and_varies_sampling_seed():
     req = RolloutRequest(EnvSpec("tictactoe"), max_steps=3)
     out = GRPORequestStrategy(4, seed=0).expand([req, req])

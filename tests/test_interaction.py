@@ -1,5 +1,7 @@
 """Agent + protocols against the real TicTacToe env, with a scripted client (contract tests)."""
 
+import pytest
+
 from ludic.agents.agent import Agent
 from ludic.context import FullDialog, TruncatedThinkingContext
 from ludic.envs.tictactoe import TicTacToeEnv, TicTacToeGame
@@ -103,3 +105,13 @@ async def test_self_play_illegal_move_gives_the_other_seat_the_win(scripted, tok
     assert ro.total_reward == -1.0 and ro.steps[-1].info["result"] == "illegal"
     assert len(rx.steps) == 1 and rx.steps[-1].terminated and rx.total_reward == 1.0
     assert rx.steps[-1].info["result"] == "win" and rx.steps[-1].info["opponent_illegal"] is True
+
+
+async def test_frozen_seat_rollout_is_marked_untrainable(scripted, tokenizer):
+    x = _agent(scripted([f"<think>x</think><move>{m}</move>" for m in ["A1", "A2", "A3"]], tokenizer))
+    o = _agent(scripted([f"<think>o</think><move>{m}</move>" for m in ["B1", "B2"]], tokenizer))
+    rx, ro = await MultiAgentProtocol({"X": x, "O": o}, frozen=("O",)).run(TicTacToeGame(), max_steps=5)
+    assert ro.meta["trainable"] is False and "trainable" not in rx.meta
+    assert ro.total_reward == 0.0 and len(ro.steps) == 2  # recorded like any other rollout
+    with pytest.raises(ValueError, match="frozen roles"):
+        MultiAgentProtocol({"X": x}, frozen=("O",))

@@ -5,8 +5,11 @@ Turn-based and simultaneous games both work: at every iteration the agents in
 ``env.step`` together. An agent that does not act this step but whose state
 changed (the opponent of a player who just won) gets its reward and
 termination folded into its own last step, so every rollout carries the
-final outcome. Self-play is two agents sharing one client. An exception in
-the episode (env, agent parts) fails the rollout of every managed agent.
+final outcome. Self-play is two agents sharing one client; a seat played by
+a frozen policy (a league opponent) is listed in ``frozen``: its rollout is
+recorded with ``meta["trainable"] = False`` and gives no training items. An
+exception in the episode (env, agent parts) fails the rollout of every
+managed agent.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Collection
 
 from ludic.agents.agent import Agent, AgentTurn
 from ludic.envs.base import LudicEnv
@@ -48,11 +52,18 @@ class MultiAgentProtocol(InteractionProtocol):
         agents: ``{agent_id: Agent}`` for the roles played by LLMs. Roles not
             listed must be played by the env itself (built-in bots).
         stop_on_parse_error: a malformed output ends the episode.
+        frozen: roles played by policies that are not trained (league opponents): their
+            rollouts get ``meta["trainable"] = False``.
     """
 
-    def __init__(self, agents: dict[str, Agent], *, stop_on_parse_error: bool = False) -> None:
+    def __init__(self, agents: dict[str, Agent], *, stop_on_parse_error: bool = False,
+                 frozen: Collection[str] = ()) -> None:
+        unknown = set(frozen) - set(agents)
+        if unknown:
+            raise ValueError(f"frozen roles {sorted(unknown)} are not among the agents {sorted(agents)}")
         self.agents = agents
         self.stop_on_parse_error = stop_on_parse_error
+        self.frozen = frozenset(frozen)
 
     async def run(
         self,
@@ -85,6 +96,8 @@ class MultiAgentProtocol(InteractionProtocol):
                 reason = mark_truncated(steps, "max_steps")
             meta = {"agent_id": a, "truncation_reason": reason, "failed": stop_reason == "inference_error",
                     **failure}
+            if a in self.frozen:
+                meta["trainable"] = False
             rollouts.append(Rollout(steps=steps, meta=meta))
         return rollouts
 

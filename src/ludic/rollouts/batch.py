@@ -3,7 +3,9 @@
 ``build_saw_items`` turns the trained steps of each rollout into SAW items:
 the exact prompt ids as state, the exact sampled ids as action, the credit as
 weight, the sampler's log-probs and policy versions for importance
-correction. Failed episodes (inference errors, env exceptions) give no items.
+correction. Failed episodes (inference errors, env exceptions) and rollouts
+of frozen opponents (``meta["trainable"] = False``) give no items; credit
+never sees them.
 
 Multi-turn episodes, two modes (chosen per rollout, automatically):
 
@@ -124,14 +126,20 @@ def _chain_item(r: Rollout, chain: list[Step], weights: dict, share: float) -> S
     )
 
 
+def is_trained(r: Rollout) -> bool:
+    """False for the rollout of a frozen opponent (``meta["trainable"] = False``)."""
+    return r.meta.get("trainable", True) is not False
+
+
 def build_saw_items(
     rollouts: Sequence[Rollout], credit: CreditAssigner, *, merge_turns: bool = True
 ) -> list[SAWItem]:
-    """SAW items of the usable (not failed) rollouts: one per episode or one per turn (module doc).
+    """SAW items of the usable rollouts (not failed, not a frozen opponent's): one per episode or
+    one per turn (module doc).
 
     ``merge_turns=False`` forces one item per turn everywhere (for comparisons).
     """
-    usable = [r for r in rollouts if not r.meta.get("failed")]
+    usable = [r for r in rollouts if not r.meta.get("failed") and is_trained(r)]
     weights = credit.compute(usable)
     items = []
     for r in usable:
@@ -173,7 +181,8 @@ class RolloutBatchSource:
         credit: credit assigner.
         strategy: request expansion (``GRPORequestStrategy`` for groups).
         sample_filter: keep-predicate applied after credit assignment.
-        metrics_fn: extra metrics from the rollouts (win rate, ...), merged into batch meta.
+        metrics_fn: extra metrics from the rollouts (win rate, ...), merged into batch meta
+            (outcome metrics cover the trained rollouts; frozen opponents' are only counted).
         merge_turns: one item per episode when its prompts extend each other (module doc);
             False gives one item per turn everywhere.
     """
@@ -233,8 +242,10 @@ class RolloutBatchSource:
         dt = time.perf_counter() - t0
         n_tokens = sum(it.num_action_tokens for it in items)
         episodes = sum(it.episode_share for it in items)
+        trained = [r for r in rollouts if is_trained(r)]  # outcome metrics: the policy's own rollouts
         meta: dict[str, Any] = {
             "num_rollouts": len(rollouts),
+            "num_frozen_rollouts": len(rollouts) - len(trained),
             "num_items": len(items),
             "num_items_filtered": n_before - len(items),
             "generation_s": dt,
@@ -242,8 +253,8 @@ class RolloutBatchSource:
             "completion_tokens": n_tokens,
             "items_per_episode": len(items) / episodes if episodes else 0.0,
             "sequence_tokens_per_episode": sum(it.num_tokens for it in items) / episodes if episodes else 0.0,
-            **outcome_counts(rollouts),
+            **outcome_counts(trained),
         }
         if self.metrics_fn is not None:
-            meta.update(self.metrics_fn(rollouts))
+            meta.update(self.metrics_fn(trained))
         return SAWBatch(items=items, meta=meta)
