@@ -6,6 +6,9 @@
 The wiring is the spine: TicTacToeEnv -> Agent(engine, context, strict
 <think>/<move> parser) -> SingleAgentProtocol -> RolloutEngine with
 GRPORequestStrategy -> GroupNormalizedReturn -> loss -> Trainer -> publisher.
+``--opponent self`` and ``--opponent-pool`` (self-play, a league of frozen
+snapshots, bots) swap the first steps for TicTacToeGame + MultiAgentProtocol
+(see ``ludic.recipes.tictactoe_opponents``).
 """
 
 from __future__ import annotations
@@ -62,11 +65,18 @@ class TrainTicTacToeConfig:
     """Token limit per model reply; a cut-off reply is a format failure."""
     max_steps_per_episode: int = 5
     opponent: str = "mixed"
-    """random, minimax or mixed (epsilon-random minimax)."""
+    """random, minimax or mixed (epsilon-random minimax), or self (self-play: both seats are the trained policy)."""
+    opponent_pool: str = ""
+    """Opponent per GRPO group from a mixture, e.g. self:0.4,league:0.3,minimax:0.2,random:0.1 (overrides
+    --opponent; league = a frozen earlier snapshot of the policy; the trained seat alternates X/O by group)."""
+    league_size: int = 4
+    """Frozen snapshots the league keeps (the oldest is dropped); stored in <run_dir>/league."""
+    league_every: int = 10
+    """Snapshot the policy into the league every N optimizer steps (step 0, the starting policy, included)."""
     epsilon: float = 0.3
     """Random-move probability of the mixed opponent."""
     agent_starts_as: str = "mixed"
-    """x, o, or mixed (50/50 per episode)."""
+    """x, o, or mixed (50/50 per episode) against a bot --opponent (an --opponent-pool alternates by group)."""
     compact: bool = False
     """Compact board rendering (about a third fewer prompt tokens)."""
     show_opponent_move: bool = True
@@ -123,6 +133,8 @@ def tictactoe_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     moves = [s for r in rollouts for s in r.steps if s.parsed_action is not None]
     out = {f"{k}_rate": outcomes.count(k) / n for k in ("win", "draw", "loss", "illegal", "parse_error", "truncated")}
     out["non_loss_rate"] = (outcomes.count("win") + outcomes.count("draw")) / n
+    out["forfeit_win_rate"] = sum(  # wins because the opponent moved illegally (self-play, league)
+        1 for r, o in zip(rollouts, outcomes) if o == "win" and r.steps[-1].info.get("opponent_illegal")) / n
     out["optimal_move_rate"] = sum(bool(s.info.get("optimal_move")) for s in moves) / max(len(moves), 1)
     steps = [s for r in rollouts for s in r.steps]
     out["legal_move_rate"] = sum(
@@ -131,14 +143,21 @@ def tictactoe_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     return out
 
 
+def make_agent(
+    client: ChatClient, ctx: str, temperature: float, max_tokens: int, model_name: str | None = None
+) -> Agent:
+    """A fresh tic-tac-toe player: the short system prompt, context ``ctx``, the strict think/move parser."""
+    return Agent(
+        client, make_context(ctx, SYSTEM_PROMPT), think_move_parser(),
+        SamplingParams(temperature=temperature, max_tokens=max_tokens), model=model_name,
+    )
+
+
 def make_protocol_factory(
     client: ChatClient, ctx: str, temperature: float, max_tokens: int, model_name: str | None = None
 ):
     def factory() -> SingleAgentProtocol:
-        agent = Agent(
-            client, make_context(ctx, SYSTEM_PROMPT), think_move_parser(),
-            SamplingParams(temperature=temperature, max_tokens=max_tokens), model=model_name,
-        )
+        agent = make_agent(client, ctx, temperature, max_tokens, model_name)
         return SingleAgentProtocol(agent, stop_on_parse_error=True)
 
     return factory
@@ -227,6 +246,7 @@ async def grpo_stage(
     Returns the last step's metrics, plus ``eval_random/*`` and ``eval_minimax/*``
     when ``cfg.eval_episodes`` > 0; writes ``summary.json``.
     """
+    from ludic.recipes.tictactoe_opponents import opponent_metrics, opponent_requests
     from ludic.training.algorithms import make_algorithm
     from ludic.training.trainer import Trainer
 
@@ -236,15 +256,19 @@ async def grpo_stage(
     algo = make_algorithm(cfg.algorithm, kl_coef=cfg.kl_coef) if cfg.kl_coef else make_algorithm(cfg.algorithm)
     starts = _starts(cfg.agent_starts_as)
 
-    def requests_fn() -> list[RolloutRequest]:
+    def bot_requests() -> list[RolloutRequest]:
         n = cfg.rollouts_per_update // cfg.group_size
         return [RolloutRequest(env_spec(cfg.opponent, cfg.epsilon, starts, cfg.compact, cfg.show_opponent_move),
                                max_steps=cfg.max_steps_per_episode)
                 for _ in range(n)]
 
+    # --opponent self / --opponent-pool: self-play, league and bot games (None for a bot --opponent)
+    pool = opponent_requests(cfg, engine, inference.client, model, tok, run_dir)
+    league = pool.league if pool is not None else None
     source = RolloutBatchSource(
-        engine, requests_fn, algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
-        sample_filter=algo.sample_filter, metrics_fn=tictactoe_metrics, merge_turns=cfg.merge_turns,
+        engine, pool or bot_requests, algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
+        sample_filter=algo.sample_filter, metrics_fn=tictactoe_metrics if pool is None else opponent_metrics,
+        merge_turns=cfg.merge_turns,
     )
     tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
                    norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.max_completion_tokens * cfg.max_steps_per_episode)
@@ -252,8 +276,13 @@ async def grpo_stage(
         model, algo, source, tcfg, publisher=inference.publisher, logger=logger,
         checkpoint_dir=run_dir / "checkpoints", tokenizer=tok, pad_token_id=tok.pad_token_id,
     )
-    if cfg.resume and trainer.resume():
+    resumed = cfg.resume and trainer.resume()
+    if resumed:
         print(f"[ludic] resumed from step {trainer.step} in {run_dir}")
+    if league is not None:
+        if not resumed:
+            league.load_state_dict({"snapshots": []})  # a fresh run starts with an empty league
+        league.maybe_snapshot(model, trainer.step)  # the starting policy (or the resumed step's)
     eval_engine = RolloutEngine(
         {"single_agent": make_protocol_factory(inference.client, cfg.ctx, cfg.eval_temperature,
                                                cfg.max_completion_tokens)},
@@ -264,6 +293,8 @@ async def grpo_stage(
     async def on_step(step: int, metrics: dict[str, Any]) -> None:
         nonlocal last
         last = dict(metrics)
+        if league is not None:
+            league.maybe_snapshot(model, step)
         if cfg.eval_every and cfg.eval_episodes and step % cfg.eval_every == 0 and step < cfg.train_steps:
             ev, _ = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, "random", compact=cfg.compact,
                                                           show_opponent_move=cfg.show_opponent_move))
