@@ -135,3 +135,17 @@ def test_sampler_state_round_trip_repeats_the_draws(tmp_path):
     resumed = OpponentSampler("self:1,league:1,random:1", League(tmp_path / "league", every=1), seed=99)
     resumed.load_state_dict(state)
     assert [resumed.draw() for _ in range(20)] == expected
+
+
+def test_frozen_copy_client_of_a_fully_fine_tuned_policy(tiny_model_dir, tmp_path):
+    from ludic.training.lora import load_policy
+
+    model, tok = load_policy(str(tiny_model_dir), dtype="float32", seed=0)
+    league = League(tmp_path / "league", every=1, make_client=frozen_copy_clients(model, tok))
+    snap = league.maybe_snapshot(model, 0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    frozen = dict(league.client(snap).model.named_parameters())
+    assert all(torch.equal(frozen[n], before[n]) for n in before)
