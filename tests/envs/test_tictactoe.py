@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from functools import lru_cache
 
@@ -23,9 +24,11 @@ from ludic.envs.tictactoe import (
     mixed_opponent,
     optimal_moves,
     other,
+    parse_board,
     parse_coord,
     play,
     random_opponent,
+    reachable_positions,
     render_board,
     solve,
     to_move,
@@ -101,6 +104,45 @@ def test_render_board_shows_free_cells_in_brackets():
     assert len(rows) == 5 and rows[1] == rows[3] == "------+------+------"
     assert [c.strip() for c in rows[0].split("|")] == ["X", "[A2]", "O"]
     assert [c.strip() for c in rows[4].split("|")] == ["[C1]", "[C2]", "[C3]"]
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_parse_board_inverts_render_board_on_every_reachable_position(compact):
+    for b in reachable_positions():
+        assert parse_board(render_board(b, compact)) == b
+    won = board("XXX", "OO.", "...")  # terminal boards parse too
+    assert parse_board(render_board(won, compact)) == won
+
+
+@pytest.mark.parametrize("compact", [False, True])
+def test_parse_board_reads_the_board_out_of_an_observation(compact):
+    env = TicTacToeEnv(agent_starts=False, opponent=minimax_opponent, compact=compact)
+    obs, _ = env.reset(seed=3)["agent_0"]
+    assert parse_board(obs) == env.board and env.board.count("X") == 1
+    out = env.step({"agent_0": coord(legal_moves(env.board)[0])})["agent_0"]
+    assert parse_board(out.obs) == env.board and env.board.count("O") == 1
+
+
+def test_parse_board_rejects_what_is_not_a_board():
+    assert parse_board("no board here") is None
+    wide = render_board(board("X..", "...", "..."))
+    assert parse_board(wide.replace("[A2]", "[B2]")) is None  # a free cell under another name
+    assert parse_board(wide.replace("|", " ")) is None
+    assert parse_board(render_board(board("X..", "...", "..."), True).replace("B . .", "B . ? .")) is None
+
+
+def test_reachable_positions_are_exactly_the_legal_unfinished_boards():
+    # Independent check over all 3^9 fillings: a board is reachable and unfinished iff
+    # X has as many marks as O or one more, nobody has three in a line, and a cell is free.
+    legal = set()
+    for cells in itertools.product(" XO", repeat=9):
+        if cells.count("X") - cells.count("O") in (0, 1) and winner(cells) is None and not is_full(cells):
+            legal.add(cells)
+    positions = reachable_positions()
+    assert len(positions) == len(set(positions)) == len(legal) == 4520
+    assert set(positions) == legal and positions[0] == EMPTY_BOARD
+    assert sum(to_move(b) == "X" for b in positions) == 2423
+    assert sum(to_move(b) == "O" for b in positions) == 2097
 
 
 # ---------------------------------------------------------------- solver

@@ -20,7 +20,6 @@ import argparse
 import random
 import re
 from datetime import datetime
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
@@ -29,6 +28,7 @@ from ludic.envs.tictactoe import (
     EMPTY, EMPTY_BOARD, Board, best_moves, completed_line, is_over, legal_moves, move_kind, other, play, solve,
     to_move,
 )
+from ludic.envs.tictactoe import reachable_positions as all_positions  # noqa: F401 (public name here too)
 
 BOARD_START, BOARD_END = "<|board_start|>", "<|board_end|>"
 MOVE_PREFIX = "<|move|><|"
@@ -186,16 +186,6 @@ def think_text(board: Board, index: int, rng: random.Random, player: str | None 
 
 
 # ---------------------------------------------------------------- positions and labels
-
-
-@lru_cache(maxsize=1)
-def all_positions() -> tuple[Board, ...]:
-    """Every reachable non-terminal position (4520), by piece count then board order."""
-    level, out = [EMPTY_BOARD], []
-    while level:
-        out += sorted(level)
-        level = sorted({c for b in level for c in map(lambda m: play(b, m), legal_moves(b)) if not is_over(c)})
-    return tuple(out)
 
 
 def solver_move(board: Board, rng: random.Random) -> int:

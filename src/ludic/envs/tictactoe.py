@@ -140,6 +140,38 @@ def render_board(board: Board, compact: bool = False) -> str:
     return "\n------+------+------\n".join(rows)
 
 
+_WIDE_SEP = "------+------+------"
+_COMPACT_ROW = re.compile(r"([A-C])((?: [.XO]){3})")
+
+
+def parse_board(text: str) -> Board | None:
+    """The board drawn in ``text`` by ``render_board`` (either rendering), else None.
+
+    The inverse of ``render_board``: the first board found wins, so an
+    observation (note line, ``Board:``, the grid, moves) parses to its board.
+    A free cell must carry its own name (``[A2]`` as the second cell).
+    """
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() == "1 2 3":  # compact: a header, then rows A, B, C
+            rows = [_COMPACT_ROW.fullmatch(x.rstrip()) for x in lines[i + 1:i + 4]]
+            if len(rows) == 3 and all(m and m.group(1) == ROWS[r] for r, m in enumerate(rows)):
+                return tuple(EMPTY if c == "." else c for m in rows for c in m.group(2).split())  # type: ignore[union-attr]
+        elif line == _WIDE_SEP and i >= 1 and lines[i + 2:i + 3] == [_WIDE_SEP]:
+            cells = [c for row in lines[i - 1:i + 4:2] for c in row.split("|")]
+            board = tuple(_wide_cell(c.strip(), k) for k, c in enumerate(cells))
+            if len(board) == 9 and None not in board:
+                return board  # type: ignore[return-value]
+    return None
+
+
+def _wide_cell(text: str, index: int) -> str | None:
+    """A wide-rendering cell's content: its mark, EMPTY for its own ``[name]``, else None."""
+    if text in ("X", "O"):
+        return text
+    return EMPTY if index < 9 and text == f"[{coord(index)}]" else None
+
+
 # ---------------------------------------------------------------- solver
 
 
@@ -199,6 +231,17 @@ def best_moves(board: Board) -> list[int]:
         return []
     best = max(scores.values())
     return sorted(m for m, s in scores.items() if s == best)
+
+
+@lru_cache(maxsize=1)
+def reachable_positions() -> tuple[Board, ...]:
+    """Every reachable non-terminal position (4,520: 2,423 with X to move, 2,097 with O),
+    by piece count then board order; the empty board first."""
+    level, out = [EMPTY_BOARD], []
+    while level:
+        out += sorted(level)
+        level = sorted({c for b in level for c in (play(b, m) for m in legal_moves(b)) if not is_over(c)})
+    return tuple(out)
 
 
 # ---------------------------------------------------------------- move kinds
@@ -330,6 +373,11 @@ def format_observation(
     return "\n".join(lines)
 
 
+def opponent_note(mark: str, reply: int | None) -> str | None:
+    """The note line that tells ``mark`` where its opponent just played (None for no move)."""
+    return None if reply is None else f"Opponent ({other(mark)}) played {coord(reply)}."
+
+
 def _illegal_note(action: str) -> str:
     move = parse_coord(action)
     if move is None:
@@ -423,9 +471,7 @@ class TicTacToeEnv(SingleAgentEnv):
         return TICTACTOE_RULES
 
     def _obs(self, reply: int | None, status: str | None) -> str:
-        note = None
-        if reply is not None and self.show_opponent_move:
-            note = f"Opponent ({other(self.mark)}) played {coord(reply)}."
+        note = opponent_note(self.mark, reply) if self.show_opponent_move else None
         return format_observation(self.board, self.mark, note, status, self.compact, self.show_moves)
 
     def env_reset(self, seed: int | None = None) -> tuple[str, JSON]:
