@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import Counter
+from fractions import Fraction
 from functools import lru_cache
 
 import pytest
@@ -22,6 +24,7 @@ from ludic.envs.tictactoe import (
     make_opponent,
     minimax_opponent,
     mixed_opponent,
+    opponent_distribution,
     optimal_moves,
     other,
     parse_board,
@@ -278,6 +281,28 @@ def test_opponent_factories():
         make_opponent("alphazero")
     with pytest.raises(ValueError):
         mixed_opponent(1.5)
+
+
+def test_opponent_distribution_is_what_the_bots_sample():
+    # X to move: A3 wins now (the only best move); five free cells for random.
+    b = board("XX.", "OO.", "...")
+    assert opponent_distribution("minimax")(b) == [(A3, 1)]
+    assert opponent_distribution("random")(b) == [(m, Fraction(1, 5)) for m in legal_moves(b)]
+    mixed = dict(opponent_distribution("mixed", 0.3)(b))
+    assert mixed[A3] == Fraction(3, 10) / 5 + Fraction(7, 10) and mixed[C1] == Fraction(3, 50)
+    assert sum(mixed.values()) == 1
+    # the empty board: every opening draws, so minimax is uniform over all nine
+    assert opponent_distribution("minimax")(EMPTY_BOARD) == [(m, Fraction(1, 9)) for m in range(9)]
+    # over many seeds the bot plays exactly the support, near the stated frequencies
+    rng, b = random.Random(0), board("X..", "...", "...")
+    support = dict(opponent_distribution("mixed", 0.5)(b))
+    counts = Counter(mixed_opponent(0.5)(b, rng) for _ in range(4000))
+    assert set(counts) == set(support)
+    assert all(abs(counts[m] / 4000 - float(p)) < 0.03 for m, p in support.items())
+    with pytest.raises(ValueError, match="no exact distribution"):
+        opponent_distribution("alphazero")
+    with pytest.raises(ValueError, match="epsilon"):
+        opponent_distribution("mixed", 1.5)
 
 
 # ---------------------------------------------------------------- TicTacToeEnv

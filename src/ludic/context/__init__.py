@@ -23,6 +23,8 @@ class ContextStrategy:
 
     append_only: bool = True
     """True when every prompt is a prefix-extension of the previous one."""
+    history_free: bool = False
+    """True when the prompt depends only on the latest observation (and feedback), not on earlier turns."""
 
     def __init__(self, system_prompt: str | None = None) -> None:
         self.default_system_prompt = system_prompt
@@ -120,6 +122,7 @@ class LastObservationContext(ContextStrategy):
     """
 
     append_only = False
+    history_free = True
 
     def messages(self) -> list[Message]:
         system: list[Message] = [dict(m) for m in self.history[:1] if m["role"] == "system"]  # type: ignore[misc]
@@ -136,6 +139,7 @@ class RawPromptContext(ContextStrategy):
     """
 
     append_only = False
+    history_free = True
     raw = True
 
     def messages(self) -> list[Message]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 from typing import Callable
 
@@ -319,6 +320,27 @@ def make_opponent(name: str, epsilon: float = 0.2) -> Opponent:
     if name == "mixed":
         return mixed_opponent(epsilon)
     raise ValueError(f"unknown tic-tac-toe opponent {name!r}; use 'random', 'minimax' or 'mixed'")
+
+
+def opponent_distribution(name: str, epsilon: float = 0.2) -> Callable[[Board], list[tuple[int, Fraction]]]:
+    """The bot ``name`` as an exact distribution: ``board -> [(move, probability), ...]``.
+
+    What ``make_opponent(name, epsilon)`` samples from: minimax is uniform over
+    ``best_moves``, random uniform over ``legal_moves``, mixed their mixture with
+    weight ``epsilon`` (read as the decimal it is written as: 0.3 is 3/10) on random.
+    """
+    if name not in ("random", "minimax", "mixed"):
+        raise ValueError(f"no exact distribution for opponent {name!r}; use 'random', 'minimax' or 'mixed'")
+    eps = Fraction(1) if name == "random" else Fraction(0) if name == "minimax" else Fraction(repr(epsilon))
+    if not 0 <= eps <= 1:
+        raise ValueError(f"epsilon must be in [0, 1], got {epsilon!r}")
+
+    def distribution(board: Board) -> list[tuple[int, Fraction]]:
+        legal, best = legal_moves(board), best_moves(board)
+        probs = [eps / len(legal) + (1 - eps) * Fraction(int(m in best), len(best)) for m in legal]
+        return [(m, p) for m, p in zip(legal, probs) if p]
+
+    return distribution
 
 
 # ---------------------------------------------------------------- shared env code

@@ -1,0 +1,1 @@
+"""Evaluation beyond sampled episodes: exact game-tree evaluation and report statistics."""
