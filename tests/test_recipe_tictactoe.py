@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from ludic.config import parse_config
 from ludic.recipes.tictactoe import EvalTicTacToeConfig, TrainTicTacToeConfig, evaluate, train
 from ludic.training.config import TrainerConfig
@@ -40,6 +41,29 @@ def test_eval_writes_records(tiny_model_dir, tmp_path):
     assert set(m) >= {"win_rate", "loss_rate", "draw_rate", "illegal_rate", "parse_error_rate"}
     recs = [json.loads(x) for x in out.read_text().splitlines()]
     assert len({r["rollout_id"] for r in recs}) == 4
+    for k in ("win", "draw", "loss", "illegal", "parse_error", "truncated", "non_loss"):  # 95% Wilson intervals
+        assert m[f"{k}_rate_ci95_low"] <= m[f"{k}_rate"] <= m[f"{k}_rate_ci95_high"]
+    assert m["parse_error_rate_ci95_high"] - m["parse_error_rate_ci95_low"] > 0.3  # 4 episodes say little
+
+
+def test_exact_eval_through_the_cli(tiny_model_dir, tmp_path):
+    out = tmp_path / "exact.jsonl"
+    run = subprocess.run([sys.executable, "-m", "ludic", "eval", "tictactoe", "--exact", "--model", str(tiny_model_dir),
+                          "--opponent", "minimax", "--ctx", "last", "--max-tokens", "4", "--out", str(out)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "Exact evaluation against minimax" in run.stdout and "positions met in the enumeration" in run.stdout
+    lines = run.stdout.splitlines()
+    mean = next(x for x in lines if x.startswith("mean")).split()
+    assert mean[5] == "100.00%"  # the random model never answers in format: all parse errors
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(recs) == 10 and all(r["action"] is None for r in recs)  # X's opening + O after each of 9 openings
+    assert {r["board"].count("X") for r in recs} == {0, 1}
+
+
+def test_exact_eval_refuses_sampling_before_loading_a_model():
+    with pytest.raises(ValueError, match="drop --exact"):
+        evaluate(EvalTicTacToeConfig(model="/nonexistent", exact=True, temperature=0.6))
 
 
 def test_cli_help_and_unknown_command():

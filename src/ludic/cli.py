@@ -2,7 +2,7 @@
 
     ludic train tictactoe [flags]     GRPO + LoRA on tic-tac-toe
     ludic train prompts [flags]       GRPO on a JSONL prompt dataset with a reward function
-    ludic eval tictactoe [flags]      win / draw / loss / illegal / parse-error rates
+    ludic eval tictactoe [flags]      win / draw / loss / illegal / parse-error rates (--exact: enumerated)
     ludic datagen tictactoe [flags]   SFT data: rejection sampling or the solver teacher
     ludic datagen thinktactoe [flags] ThinkTacToe-format SFT / DPO / GRPO / minimax datasets
     ludic sft [flags]                 supervised fine-tuning on JSONL (torchrun-ready)
@@ -42,8 +42,18 @@ def _eval_tictactoe(argv: list[str]) -> None:
 
     cfg = parse_config(EvalTicTacToeConfig, argv, prog="ludic eval tictactoe")
     metrics = evaluate(cfg)
+    if cfg.exact:
+        from ludic.eval.tictactoe_exact import format_table
+
+        print(format_table(metrics, cfg.opponent))
+        print(f"decisions written to {cfg.out}")
+        return
     for k, v in metrics.items():
-        print(f"{k:>24}: {v * 100:6.1f}%" if k.endswith("_rate") else f"{k:>24}: {v:.3f}")
+        if "_ci95_" in k:
+            continue
+        ci = (f"  (95% CI {metrics[k + '_ci95_low'] * 100:.1f}-{metrics[k + '_ci95_high'] * 100:.1f}%)"
+              if k + "_ci95_low" in metrics else "")
+        print(f"{k:>24}: {v * 100:6.1f}%{ci}" if k.endswith("_rate") else f"{k:>24}: {v:.3f}")
     print(f"records written to {cfg.out}")
 
 

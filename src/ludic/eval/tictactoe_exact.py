@@ -176,9 +176,9 @@ def format_table(metrics: dict[str, float], opponent: str) -> str:
     seats = [s for s in SEATS if f"{s.lower()}/win_rate" in m]
     cols = (*OUTCOMES, "non_loss")
     lines = [f"Exact evaluation against {opponent} (greedy policy, every opponent branch enumerated)",
-             f"{'seat':<10}" + "".join(f"{c.replace('_', ' '):>13}" for c in cols) + f"{'prompts':>9}"]
+             f"{'seat':<6}" + "".join(f"{c.replace('_', ' '):>12}" for c in cols) + f"{'prompts':>9}"]
     for name, prefix in [(s, f"{s.lower()}/") for s in seats] + [("mean", "")]:
-        lines.append(f"{name:<10}" + "".join(f"{m[prefix + c + '_rate'] * 100:12.2f}%" for c in cols)
+        lines.append(f"{name:<6}" + "".join(f"{m[prefix + c + '_rate'] * 100:11.2f}%" for c in cols)
                      + f"{int(m[prefix + 'decisions']):>9}")
     scope = "every reachable position" if m["positions_all"] else "positions met in the enumeration"
     lines += ["", f"Moves over {scope} (each board weighs 1)",
@@ -321,7 +321,7 @@ async def exact_eval(
     sweep = all_positions and new_agent().ctx.history_free
     if sweep:
         await _sweep(new_agent, records, compact, show_opponent_move)
-    sweep_seconds = time.perf_counter() - t0
+    sweep_seconds = time.perf_counter() - t0 if sweep else 0.0
 
     starts = [b for seat in seats for b in _starts(seat, new_agent, dist, opponent, compact, show_opponent_move)]
     tally: dict[str, dict[str, Fraction]] = {s: dict.fromkeys(OUTCOMES, Fraction(0)) for s in seats}

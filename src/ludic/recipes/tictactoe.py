@@ -330,11 +330,18 @@ class EvalTicTacToeConfig:
     compact: bool = False
     """Compact board rendering (use what the model was trained on)."""
     show_opponent_move: bool = True
-    temperature: float = 0.6
+    temperature: float | None = None
+    """Sampling temperature (default 0.6; --exact needs 0, its default)."""
     max_tokens: int = 48
     concurrency: int = 64
+    exact: bool = False
+    """Exact evaluation of the greedy policy: every opponent branch (minimax tie-breaks, random or mixed
+    moves) and both seats enumerated, no sampling noise; --episodes is not used."""
+    all_positions: bool = False
+    """With --exact: also score the policy's move on every reachable position (ctx last; with a
+    history-dependent ctx the positions met in the games are scored)."""
     out: str = "tictactoe_eval.jsonl"
-    """One JSON record per step."""
+    """One JSON record per step (with --exact: per distinct decision)."""
     inference: str = "transformers"
     """transformers or vllm."""
     start_server: bool = False
@@ -346,6 +353,11 @@ class EvalTicTacToeConfig:
 
 
 def evaluate(cfg: EvalTicTacToeConfig) -> dict[str, float]:
+    """Sampled rates with 95% Wilson intervals, or with ``cfg.exact`` the exact metrics
+    (``ExactResult.as_metrics``; ``format_table`` prints them)."""
+    if cfg.exact and cfg.temperature:
+        raise ValueError(f"--exact evaluates the greedy policy (temperature 0), got --temperature {cfg.temperature}; "
+                         "drop --exact for a sampled evaluation (it reports 95% confidence intervals)")
     return asyncio.run(_evaluate(cfg))
 
 
@@ -354,20 +366,50 @@ async def _evaluate(cfg: EvalTicTacToeConfig) -> dict[str, float]:
 
     client, close = await make_eval_client(cfg)
     try:
+        if cfg.exact:
+            return await _evaluate_exact(cfg, client)
+        temperature = 0.6 if cfg.temperature is None else cfg.temperature
         engine = RolloutEngine(
-            {"single_agent": make_protocol_factory(client, cfg.ctx, cfg.temperature, cfg.max_tokens)},
+            {"single_agent": make_protocol_factory(client, cfg.ctx, temperature, cfg.max_tokens)},
             concurrency=cfg.concurrency,
         )
         t0 = time.perf_counter()
         metrics, rollouts = await run_eval(engine, eval_requests(cfg.episodes, cfg.opponent, cfg.epsilon, cfg.compact,
                                                                          cfg.show_opponent_move))
         metrics["episodes_per_s"] = len(rollouts) / (time.perf_counter() - t0)
+        metrics.update(outcome_intervals(rollouts))
         n_tok = [len(s.trace.completion_ids) for r in rollouts for s in r.steps if s.trace]
         metrics["avg_completion_tokens"] = sum(n_tok) / max(len(n_tok), 1)
         write_step_records(cfg.out, rollouts)
         return metrics
     finally:
         await close()
+
+
+async def _evaluate_exact(cfg: EvalTicTacToeConfig, client: ChatClient) -> dict[str, float]:
+    from ludic.eval.tictactoe_exact import exact_eval
+
+    result = await exact_eval(client, ctx=cfg.ctx, system_prompt=SYSTEM_PROMPT, compact=cfg.compact,
+                              show_opponent_move=cfg.show_opponent_move, opponent=cfg.opponent, epsilon=cfg.epsilon,
+                              max_tokens=cfg.max_tokens, all_positions=cfg.all_positions)
+    Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(cfg.out, "w") as f:
+        for rec in result.records:
+            f.write(json.dumps(rec.to_dict()) + "\n")
+    return result.as_metrics()
+
+
+def outcome_intervals(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """95% Wilson intervals of the episode outcome rates: ``win_rate_ci95_low``, ``win_rate_ci95_high``, ..."""
+    from ludic.eval.stats import wilson_interval
+
+    outcomes = [tictactoe_outcome(r) for r in rollouts]
+    counts = {k: outcomes.count(k) for k in ("win", "draw", "loss", "illegal", "parse_error", "truncated")}
+    counts["non_loss"] = counts["win"] + counts["draw"]
+    out = {}
+    for k, c in counts.items():
+        out[f"{k}_rate_ci95_low"], out[f"{k}_rate_ci95_high"] = wilson_interval(c, len(outcomes))
+    return out
 
 
 def write_step_records(path: str | Path, rollouts: Sequence[Rollout]) -> None:
