@@ -105,6 +105,7 @@ async def test_lowest_free_cell_as_x_against_random(tokenizer):
     x = r.seats["X"]
     assert (x.win, x.draw, x.loss) == (Fraction(25, 32), Fraction(1, 24), Fraction(17, 96))
     assert x.illegal == x.parse_error == 0
+    assert set(r.positions) == {"X", "all"}  # only X's tree was played
     m = r.as_metrics()
     assert m["x/win_rate"] == m["win_rate"] == 25 / 32 and m["x/non_loss_rate"] == pytest.approx(79 / 96)
 

@@ -137,7 +137,7 @@ class ExactResult:
     both: SeatResult
     """The mean of the seats evaluated (what a 50/50 choice of seat gives)."""
     positions: dict[str, PositionStats]
-    """``"X"`` / ``"O"``: positions with that side to move; ``"all"``: both together."""
+    """``"X"`` / ``"O"``: positions with that side to move (absent when none was met); ``"all"``: together."""
     all_positions: bool
     """True: ``positions`` covers every reachable position; False: those met in the enumeration."""
     decisions: int
@@ -318,7 +318,7 @@ async def exact_eval(
         )
     t0 = time.perf_counter()
     records: dict[int, Decision] = {}
-    sweep = all_positions and new_agent().ctx.history_free
+    sweep = all_positions and getattr(new_agent().ctx, "history_free", False)
     if sweep:
         await _sweep(new_agent, records, compact, show_opponent_move)
     sweep_seconds = time.perf_counter() - t0 if sweep else 0.0
@@ -349,6 +349,7 @@ async def exact_eval(
     )
     shown = list(records.values()) if sweep else [records[k] for k in sorted(set().union(*met.values()))]
     positions = {side: _position_stats([r for r in shown if to_move(r.board) == side]) for side in SEATS}
+    positions = {side: st for side, st in positions.items() if st.positions}  # a seat not played meets none
     positions["all"] = _position_stats(shown)
     return ExactResult(opponent, seat_results, both, positions, sweep, len(cache), time.perf_counter() - t0,
                        sweep_seconds, list(records.values()))
