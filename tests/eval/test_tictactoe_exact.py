@@ -12,7 +12,7 @@ from ludic.agents.agent import Agent
 from ludic.context import make_context
 
 from ludic.envs.tictactoe import (
-    CORNERS, EMPTY, best_moves, coord, legal_moves, optimal_moves, parse_board,
+    CORNERS, EMPTY, TicTacToeEnv, best_moves, coord, legal_moves, optimal_moves, parse_board,
 )
 from ludic.eval.tictactoe_exact import OUTCOMES, ExactResult, exact_eval, format_table
 from ludic.inference.client import ChatRequest, ChatResponse, SamplingParams
@@ -259,3 +259,25 @@ async def test_decision_cache_answers_concurrent_duplicates_once_and_turns_error
     assert (a.text, b.text, c.text) == ("HI", "HI", "HO")
     assert a.info["decision"] == b.info["decision"] == 0 and c.info["decision"] == 1
     assert d.finish_reason == FinishReason.ERROR and "backend down" in d.info["error"] and d.info["decision"] == 2
+
+
+@pytest.mark.parametrize("policy, opponent, starts, expected", [
+    (lowest_free, "random", True, Fraction(25, 32) + Fraction(1, 24)),
+    (solver_with_edge_blunder, "minimax", False, Fraction(5, 9)),
+])
+async def test_exact_non_loss_agrees_with_games_played_by_the_protocol(policy, opponent, starts, expected):
+    from ludic.interaction import SingleAgentProtocol
+    from ludic.parsers import think_move_parser
+    from ludic.eval.stats import wilson_interval
+
+    exact = await exact_eval(BoardPolicyClient(policy), opponent=opponent, seats=("X" if starts else "O",))
+    assert exact.both.non_loss == expected
+    non_losses, n = 0, 600
+    for seed in range(n):  # the env samples its own opponent moves from the seed
+        agent = Agent(BoardPolicyClient(policy), make_context("last"), think_move_parser(),
+                      SamplingParams(temperature=0.0))
+        env = TicTacToeEnv(agent_starts=starts, opponent=opponent)
+        (rollout,) = await SingleAgentProtocol(agent, stop_on_parse_error=True).run(env, max_steps=5, env_seed=seed)
+        non_losses += rollout.steps[-1].info["result"] in ("win", "draw")
+    lo, hi = wilson_interval(non_losses, n, z=3.29)  # 99.9%: the seeds are fixed, this cannot flake
+    assert lo <= float(expected) <= hi
