@@ -152,8 +152,9 @@ async def test_all_positions_sweep_covers_every_reachable_position_and_feeds_the
     assert r.positions["all"].optimal == 1.0 and r.both.non_loss == 1
 
     r = await exact_eval(BoardPolicyClient(lambda b: min(optimal_moves(b))), opponent="random",
-                         all_positions=True, show_opponent_move=False, compact=True)
-    assert r.positions["all"].prompts == r.decisions == 4520
+                         all_positions=True, show_opponent_move=False, compact=True, show_moves=False)
+    assert r.positions["all"].prompts == r.decisions == 4520  # one prompt per board, games included
+    assert not any("Available moves" in d.observation for d in r.records)
     assert r.positions["all"].value_preserving == 1.0 > r.positions["all"].optimal  # slow wins are not optimal
     assert r.both.non_loss == 1
 

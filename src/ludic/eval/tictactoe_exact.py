@@ -50,12 +50,13 @@ from typing import Any, Callable, Hashable
 
 from ludic.agents.agent import Agent, AgentTurn
 from ludic.context import make_context
-from ludic.inference.client import ChatClient, ChatRequest, ChatResponse, SamplingParams
-from ludic.parsers import Parser, think_move_parser
 from ludic.envs.tictactoe import (
     EMPTY_BOARD, TICTACTOE_RULES, Board, TicTacToeEnv, best_moves, format_observation, is_over, judge_move,
     opponent_distribution, opponent_note, optimal_moves, play, reachable_positions, to_move,
 )
+from ludic.envs.tictactoe_positions import board_to_string
+from ludic.inference.client import ChatClient, ChatRequest, ChatResponse, SamplingParams
+from ludic.parsers import Parser, think_move_parser
 
 OUTCOMES = ("win", "draw", "loss", "illegal", "parse_error", "failed")
 """How a branch ends; the probabilities of one seat sum to 1 over these."""
@@ -124,7 +125,7 @@ class Decision:
     """``move`` keeps the game-theoretic value."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "board": "".join(c if c != " " else "." for c in self.board)}
+        return {**dataclasses.asdict(self), "board": board_to_string(self.board)}
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,7 @@ async def exact_eval(
     system_prompt: str | None = None,
     compact: bool = False,
     show_opponent_move: bool = True,
+    show_moves: bool = True,
     opponent: str = "minimax",
     epsilon: float = 0.2,
     max_tokens: int = 48,
@@ -285,7 +287,7 @@ async def exact_eval(
             concurrent decisions of each depth).
         ctx: context strategy name (``make_context``), with ``system_prompt``
             (None: the env's rules, as the protocol does).
-        compact, show_opponent_move: the env's observation settings (use the training ones).
+        compact, show_opponent_move, show_moves: the env's observation settings (use the training ones).
         opponent: ``"minimax"``, ``"random"`` or ``"mixed"`` (with ``epsilon``).
         max_tokens: reply limit; a cut-off reply is a parse error.
         parser: action parser (default: the recipe's strict ``think_move_parser()``).
@@ -316,14 +318,15 @@ async def exact_eval(
             "policy has no single answer per prompt. Use the sampled evaluation (ludic eval tictactoe without "
             "--exact) for temperature > 0; it reports 95% confidence intervals."
         )
+    view = {"compact": compact, "show_opponent_move": show_opponent_move, "show_moves": show_moves}
     t0 = time.perf_counter()
     records: dict[int, Decision] = {}
     sweep = all_positions and getattr(new_agent().ctx, "history_free", False)
     if sweep:
-        await _sweep(new_agent, records, compact, show_opponent_move)
+        await _sweep(new_agent, records, view)
     sweep_seconds = time.perf_counter() - t0 if sweep else 0.0
 
-    starts = [b for seat in seats for b in _starts(seat, new_agent, dist, opponent, compact, show_opponent_move)]
+    starts = [b for seat in seats for b in _starts(seat, new_agent, dist, opponent, view)]
     tally: dict[str, dict[str, Fraction]] = {s: dict.fromkeys(OUTCOMES, Fraction(0)) for s in seats}
     met: dict[str, set[int]] = {s: set() for s in seats}
     nodes = dict.fromkeys(seats, 0)
@@ -355,15 +358,14 @@ async def exact_eval(
                        sweep_seconds, list(records.values()))
 
 
-def _starts(seat: str, new_agent: Callable[[], Agent], dist: Callable, opponent: str, compact: bool,
-            show_opponent_move: bool) -> list[_Branch]:
+def _starts(seat: str, new_agent: Callable[[], Agent], dist: Callable, opponent: str,
+            view: dict[str, bool]) -> list[_Branch]:
     """The roots of one seat's tree: one game as X; one per opening move (with its probability) as O."""
     openings = [(None, Fraction(1))] if seat == "X" else dist(EMPTY_BOARD)
     out = []
     for opening, prob in openings:
         forced = _Forced(opponent, opening)
-        env = TicTacToeEnv(agent_starts=seat == "X", opponent=forced, compact=compact,
-                           show_opponent_move=show_opponent_move)
+        env = TicTacToeEnv(agent_starts=seat == "X", opponent=forced, **view)
         obs, _ = env.reset(seed=0)[env.agent_id]
         forced.move = None
         agent = new_agent()
@@ -414,16 +416,15 @@ def _decision(board: Board, observation: str, turn: AgentTurn) -> Decision:
                     move in best_moves(board), move is not None and move in optimal_moves(board))
 
 
-async def _sweep(new_agent: Callable[[], Agent], records: dict[int, Decision], compact: bool,
-                 show_opponent_move: bool) -> None:
+async def _sweep(new_agent: Callable[[], Agent], records: dict[int, Decision], view: dict[str, bool]) -> None:
     """Answer every reachable position, each observation as a game would show it (a fresh agent
     per observation: the context is history-free, so this is the prompt it has in any game)."""
     agents, shown = [], []
     for board in reachable_positions():
         mark = to_move(board)
-        lasts = [i for i, c in enumerate(board) if c not in (mark, " ")] if show_opponent_move else []
+        lasts = [i for i, c in enumerate(board) if c not in (mark, " ")] if view["show_opponent_move"] else []
         for last in lasts or [None]:
-            obs = format_observation(board, mark, opponent_note(mark, last), None, compact)
+            obs = format_observation(board, mark, opponent_note(mark, last), None, view["compact"], view["show_moves"])
             agent = new_agent()
             agent.reset(TICTACTOE_RULES)
             agent.observe(obs)
