@@ -47,14 +47,15 @@ async def run(args: argparse.Namespace) -> None:
     model.eval()
     print(f"cpu: {cpu_flags()}  torch threads: {torch.get_num_threads()}  "
           f"dtype: {next(model.parameters()).dtype}  ctx: {args.ctx}  max tokens: {args.max_tokens}")
+    engine = TransformersEngine(model, tok)  # one engine (its batching task lives with it); stats reset per run
     for opponent in ("minimax", "random"):
-        engine = TransformersEngine(model, tok)
+        engine.stats.update(batches=0, sequences=0)
         t0 = time.perf_counter()
         exact = await exact_eval(engine, ctx=args.ctx, system_prompt=SYSTEM_PROMPT, opponent=opponent,
                                  max_tokens=args.max_tokens, all_positions=args.all_positions)
         t_exact, b_exact = time.perf_counter() - t0, engine.stats["batches"]
 
-        engine = TransformersEngine(model, tok)
+        engine.stats.update(batches=0, sequences=0)
         sampled = RolloutEngine({"single_agent": make_protocol_factory(engine, args.ctx, 0.0, args.max_tokens)},
                                 concurrency=64)
         t0 = time.perf_counter()
