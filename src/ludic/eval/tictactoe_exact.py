@@ -15,7 +15,9 @@ agent's context and the env, and forces the opponent's reply (its opening move
 too when the agent plays O). The tree grows breadth-first: every decision of one
 depth goes to the client at once (``asyncio.gather``), so an in-process engine
 serves them in a few batched forwards. Decisions are cached by exact prompt:
-with ctx ``last`` many branches share one. An unparsable (or cut-off) reply or
+with ctx ``last`` many branches share one, and the policy stays one function of
+its prompt even where batches of other sizes would tip a near-tie of the greedy
+argmax the other way. An unparsable (or cut-off) reply or
 an illegal move ends the branch as a forfeit, as the sampled evaluation's
 protocol does (``parse_error``, ``illegal``; not counted in ``loss``).
 
