@@ -77,12 +77,19 @@ def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path):
     from ludic.recipes.tictactoe_recipe import RecipeConfig, recipe
 
     run = tmp_path / "recipe"
-    report = recipe(RecipeConfig(model=str(tiny_model_dir), run_dir=str(run), sft_steps=2,
-                                 sft_batch_size=4, grpo_steps=1, group_size=2, rollouts_per_update=4,
-                                 eval_episodes=2, max_completion_tokens=6, logger="none"))
-    assert set(report["results"]) == {f"{s}/{o}" for s in ("base", "sft", "grpo") for o in ("random", "minimax")}
-    assert set(report["seconds"]) >= {"datagen", "sft", "grpo", "eval_base", "eval_sft", "eval_grpo"}
-    for name in ("report.md", "report.json", "learning_curve.png", "sft/metrics.jsonl", "grpo/metrics.jsonl"):
+    report = recipe(RecipeConfig(model=str(tiny_model_dir), run_dir=str(run), budget_minutes=0, sft_steps=4,
+                                 sft_batch_size=4, curve_points=2, rl_rounds=2, rl_steps_per_round=1,
+                                 positions_per_step=3, group_size=2, logger="none"))
+    assert set(report["results"]) == {"base", "sft", "rl"}
+    for stage in report["results"].values():
+        assert set(stage) == {"minimax", "random", "teacher_positions"}
+        assert stage["minimax"]["x/decisions"] >= 1 and stage["teacher_positions"]["positions"] == 335
+    assert set(report["seconds"]) >= {"datagen", "sft", "rl", "eval_base", "eval_sft", "eval_rl", "eval_curve"}
+    assert report["sft_steps"] == 4 and report["rl_steps"] == 2
+    # the curve: base, one point during SFT, the SFT evaluation, one per RL round
+    assert [c["stage"] for c in report["curve"]] == ["base", "sft", "sft", "rl", "rl"]
+    for name in ("report.md", "report.json", "learning_curves.png", "sft/metrics.jsonl", "rl/metrics.jsonl",
+                 "decisions_sft_minimax.jsonl", "rl/final/adapter_config.json", "sft/final/config.json"):
         assert (run / name).exists(), name
-    assert "| grpo | minimax |" in (run / "report.md").read_text()
-    assert (run / "sft" / "final" / "config.json").exists()
+    text = (run / "report.md").read_text()
+    assert "| rl |" in text and "| **total** |" in text and "teacher positions" in text

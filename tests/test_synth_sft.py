@@ -119,3 +119,10 @@ def test_teacher_positions_cover_every_reachable_decision_and_never_lose():
     recs = teacher_position_records("SYS")
     assert recs[0]["completion"] == "<think>Take the centre.</think><move>B2</move>"
     assert all(r["messages"][1]["content"].endswith("Your move.") for r in recs)
+    short = teacher_position_records(None, style="kind", show_moves=False)
+    assert short[0]["messages"] == [{"role": "user", "content": "Board:\n" + ttt.render_board(ttt.EMPTY_BOARD, True)
+                                     + "\nYou are X. Your move."}]
+    assert short[0]["completion"] == "<think>centre</think><move>B2</move>"
+    assert teacher_position_records("S", style="move")[0]["completion"] == "<move>B2</move>"
+    with pytest.raises(ValueError, match="answer style"):
+        teacher_position_records("S", style="essay")

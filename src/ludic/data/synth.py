@@ -116,19 +116,34 @@ def preferred_best_move(board: ttt.Board) -> int:
     return next(m for m in PREFERENCE if m in best)
 
 
-def teacher_reply(board: ttt.Board, rng: random.Random | None = None, thoughts: bool = True) -> str:
-    """The solver's move (fastest win, slowest loss) with a templated thought.
+ANSWER_STYLES = ("think", "kind", "move")
+"""How the teacher answers: ``think`` a templated sentence then the move
+(``<think>Block the O line at A1.</think><move>A1</move>``), ``kind`` the move's
+kind as the thought (``<think>block</think><move>A1</move>``), ``move`` the move
+alone (``<move>A1</move>``)."""
+
+
+def teacher_reply(board: ttt.Board, rng: random.Random | None = None, thoughts: bool = True,
+                  style: str | None = None) -> str:
+    """The solver's move (fastest win, slowest loss) in an answer ``style`` (ANSWER_STYLES;
+    None: ``think`` if ``thoughts`` else ``move``).
 
     With ``rng`` ties and templates are drawn at random (diverse data); without
     it the teacher is deterministic (centre-first tie-break, one template per
     kind), which keeps the set of positions it ever faces small.
     """
+    style = style or ("think" if thoughts else "move")
+    if style not in ANSWER_STYLES:
+        raise ValueError(f"answer style must be one of {ANSWER_STYLES}, got {style!r}")
     move = rng.choice(ttt.best_moves(board)) if rng is not None else preferred_best_move(board)
     c = ttt.coord(move)
     answer = f"<move>{c}</move>"
-    if not thoughts:
+    if style == "move":
         return answer
-    templates = _THOUGHTS[move_kind(board, move, forks=True)]
+    kind = move_kind(board, move, forks=True)
+    if style == "kind":
+        return f"<think>{kind}</think>{answer}"
+    templates = _THOUGHTS[kind]
     template = rng.choice(templates) if rng is not None else templates[0]
     return f"<think>{template.format(c=c, o=ttt.other(ttt.to_move(board)))}</think>{answer}"
 
@@ -159,15 +174,18 @@ def teacher_positions(marks: Sequence[str] = ("X", "O")) -> list[ttt.Board]:
     return list(seen)
 
 
-def teacher_position_records(system_prompt: str, *, compact: bool = True, thoughts: bool = True) -> list[JSON]:
-    """One SFT record per teacher position, with the observation the env renders (no history)."""
+def teacher_position_records(system_prompt: str | None, *, compact: bool = True, thoughts: bool = True,
+                             style: str | None = None, show_moves: bool = True) -> list[JSON]:
+    """One SFT record per teacher position, with the observation the env renders (no history);
+    ``system_prompt`` None leaves the system turn out, ``style`` picks the answer (``teacher_reply``)."""
     out = []
     for board in teacher_positions():
         mark = ttt.to_move(board)
-        obs = ttt.format_observation(board, mark, None, None, compact)
+        obs = ttt.format_observation(board, mark, None, None, compact, show_moves)
+        system = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
         out.append({
-            "messages": [{"role": "system", "content": system_prompt}, {"role": "user", "content": obs}],
-            "completion": teacher_reply(board, None, thoughts),
+            "messages": [*system, {"role": "user", "content": obs}],
+            "completion": teacher_reply(board, None, thoughts, style),
             "meta": {"source": "teacher_positions", "mark": mark, "pieces": 9 - board.count(ttt.EMPTY)},
         })
     return out

@@ -1,14 +1,22 @@
-"""``ludic recipe tictactoe``: make a small LLM play tic-tac-toe well, on a CPU.
+"""``ludic recipe tictactoe`` (= ``make train``): perfect tic-tac-toe from a small LLM on a CPU.
 
-    0. evaluate the base model (vs random, vs minimax)
-    1. generate cold-start data: the perfect solver plays, with templated thoughts
-    2. SFT (full fine-tuning) on that data
-    3. evaluate
-    4. GRPO with a LoRA adapter against an epsilon-mixed opponent
-    5. evaluate, and write report.md, report.json and learning_curve.png
+    0. base: exact evaluation (greedy policy vs minimax and vs random, both seats, every
+       opponent branch) and the policy's move on the 335 teacher positions
+    1. teacher data: the solver's move on every position it can ever face (history-free prompts)
+    2. SFT (full fine-tuning) on that data; the per-position accuracy is traced as it trains
+    3. exact evaluation of the SFT policy
+    4. RL: a LoRA adapter on top, trained in rounds of position-level GRPO with the solver's
+       reward on the decisions the policy still gets wrong (found by the exact evaluations
+       and the teacher positions): a curriculum built from failures
+    5. exact evaluation; report.md, report.json and learning_curves.png
 
-Everything happens in one process on one model object (no reloads), with the
-in-process batched engine for rollouts. Each stage's wall time is recorded.
+``--budget-minutes`` fits the run to a wall-time budget: SFT and RL steps are set from
+step times measured in this run. Everything runs in one process on one model object (no
+reloads), with the in-process batched engine for rollouts and evaluations.
+
+``--ctx truncated`` runs the seed's own workflow instead (``tictactoe_seed_recipe``):
+multi-turn prompts with ``[TRUNCATED]`` thoughts, ``<think>...</think><move>...</move>``
+answers, rejection-sampled episodes and GRPO on games.
 """
 
 from __future__ import annotations
@@ -23,38 +31,48 @@ from typing import Any
 
 from ludic.inference.models import DEFAULT_MODEL
 
+ANSWER_TOKENS = {"move": 12, "kind": 20, "think": 40}
+"""Reply limit per answer style (the teacher's longest answer plus a margin)."""
+
 
 @dataclass
 class RecipeConfig:
-    """Cold start + GRPO recipe for tic-tac-toe on the packaged SmolLM2-135M-Instruct."""
+    """Cold start + RL recipe for tic-tac-toe on the packaged SmolLM2-135M-Instruct."""
 
     model: str = DEFAULT_MODEL
     run_dir: str | None = None
+    budget_minutes: float = 27.0
+    """Wall-time budget of the whole recipe, evaluations included: SFT and RL steps are set
+    from the step times measured in this run (0: use --sft-steps / --rl-rounds as given)."""
+    sft_share: float = 0.4
+    """Share of the budget left after the base evaluation that goes to SFT (the rest: RL and evaluations)."""
     ctx: str = "last"
-    """Prompt view: last (latest board only), truncated or full."""
+    """Prompt view: last (latest board only) for this recipe; truncated runs the seed's workflow."""
+    system_prompt: str = "Tic-tac-toe."
+    """Every prompt token is paid at every step: the board says the rest."""
+    answer: str = "move"
+    """Teacher answer style: move (<move>B2</move>), kind (<think>block</think><move>B2</move>) or
+    think (a templated sentence, then the move)."""
     compact: bool = True
     """Compact board rendering (fewer prompt tokens)."""
-    show_opponent_move: bool = False
-    """The board says everything; the opponent's last move would only add tokens."""
-    data: str = "positions"
-    """positions: every position the deterministic solver teacher can face (335, ctx last only);
-    episodes: teacher games against mixed opponents (any ctx)."""
-    teacher_episodes: int = 3000
-    """Episodes for data=episodes."""
-    sft_epochs: float = 3.0
+    show_moves: bool = False
+    """List the free cells in the prompt (costs ~18 tokens per prompt)."""
     sft_steps: int = 0
-    """Fixed number of SFT steps (0: sft_epochs decides)."""
+    """SFT optimizer steps (0: from the budget)."""
     sft_batch_size: int = 16
     sft_lr: float = 2e-4
-    grpo_steps: int = 4
+    curve_points: int = 5
+    """Per-position accuracy measurements during SFT (each answers the 335 teacher positions)."""
+    rl_rounds: int = 0
+    """RL rounds (0: as many as the budget allows, at most max_rl_rounds)."""
+    max_rl_rounds: int = 12
+    rl_steps_per_round: int = 4
+    """GRPO steps between two exact evaluations (which refresh the failure pool)."""
+    positions_per_step: int = 16
     group_size: int = 8
-    rollouts_per_update: int = 16
-    grpo_lr: float = 2e-4
+    rl_lr: float = 1e-4
+    rl_temperature: float = 1.0
     lora_rank: int = 16
-    opponent: str = "mixed"
-    epsilon: float = 0.3
-    max_completion_tokens: int = 32
-    eval_episodes: int = 60
     eval_base: bool = True
     micro_token_budget: int = 4096
     logger: str = "rich"
@@ -63,104 +81,246 @@ class RecipeConfig:
 
 
 def recipe(cfg: RecipeConfig) -> dict[str, Any]:
+    if cfg.ctx != "last":
+        from ludic.recipes.tictactoe_seed_recipe import SeedRecipeConfig, seed_recipe
+
+        return seed_recipe(SeedRecipeConfig.from_recipe(cfg))
     return asyncio.run(_recipe(cfg))
+
+
+class Clock:
+    """Stage wall times and the budget's deadline."""
+
+    def __init__(self, budget_minutes: float) -> None:
+        self.t0 = time.perf_counter()
+        self.budget_s = budget_minutes * 60.0
+        self.seconds: dict[str, float] = {}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        return self.budget_s - self.elapsed() if self.budget_s else math.inf
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
 
 async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.config import dump_config
-    from ludic.data.offline import sft_item
-    from ludic.data.synth import teacher_position_records, teacher_records
-    from ludic.recipes.backends import in_process
+    from ludic.data.offline import OfflineBatchSource, sft_item
+    from ludic.data.synth import teacher_position_records, teacher_positions
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.recipes.sft import SFTConfig, sft_stage
-    from ludic.recipes.tictactoe import (
-        SYSTEM_PROMPT, TrainTicTacToeConfig, default_run_dir, eval_requests, grpo_stage, make_protocol_factory,
-        run_eval,
-    )
-    from ludic.rollouts.engine import RolloutEngine
+    from ludic.parsers import think_move_parser, xml_tag_parser
+    from ludic.recipes.tictactoe import default_run_dir
+    from ludic.recipes.tictactoe_positions import PositionGRPO, PositionRLConfig, View
+    from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
     from ludic.training.loggers import make_logger
     from ludic.training.lora import LoraSettings, apply_lora, load_policy
+    from ludic.training.trainer import Trainer
 
+    if cfg.answer not in ANSWER_TOKENS:
+        raise ValueError(f"--answer must be one of {sorted(ANSWER_TOKENS)}, got {cfg.answer!r}")
+    if not cfg.system_prompt:
+        raise ValueError("--system-prompt must be non-empty (an empty one would fall back to the env's long rules)")
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir("recipe-tictactoe")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
-    times: dict[str, float] = {}
-    results: dict[str, dict[str, float]] = {}
+    clock = Clock(cfg.budget_minutes)
+    parser_factory = (lambda: xml_tag_parser("move", exact=True)) if cfg.answer == "move" else think_move_parser
+    view = View(cfg.system_prompt, compact=cfg.compact, show_moves=cfg.show_moves,
+                max_tokens=ANSWER_TOKENS[cfg.answer], parser_factory=parser_factory)
     model, tok = load_policy(cfg.model, dtype=cfg.dtype, seed=cfg.seed)
     engine = TransformersEngine(model, tok)
-
-    async def evaluate(stage: str) -> None:
-        t0 = time.perf_counter()
-        ev_engine = RolloutEngine({"single_agent": make_protocol_factory(
-            engine, cfg.ctx, 0.0, cfg.max_completion_tokens)}, concurrency=64)
-        for opp in ("random", "minimax"):
-            reqs = eval_requests(cfg.eval_episodes, opp, compact=cfg.compact,
-                                 show_opponent_move=cfg.show_opponent_move)
-            metrics, rollouts = await run_eval(ev_engine, reqs)
-            results[f"{stage}/{opp}"] = metrics
-            print(f"[recipe] {stage} vs {opp}: " + ", ".join(
-                f"{k}={v:.2f}" for k, v in metrics.items() if k in ("legal_move_rate", "win_rate", "draw_rate",
-                                                                     "loss_rate", "non_loss_rate")), flush=True)
-        times[f"eval_{stage}"] = time.perf_counter() - t0
+    teacher = teacher_positions()
+    ev = Evaluator(engine, view, teacher, run_dir)
 
     if cfg.eval_base:
-        await evaluate("base")
+        t0 = time.perf_counter()
+        await ev.evaluate("base")
+        clock.add("eval_base", time.perf_counter() - t0)
 
+    # ------------------------------------------------------------------ 1. teacher data
     t0 = time.perf_counter()
-    if cfg.data == "positions":
-        if cfg.ctx != "last":
-            raise ValueError("data=positions writes history-free prompts: use ctx=last (or data=episodes)")
-        records = teacher_position_records(SYSTEM_PROMPT, compact=cfg.compact)
-    elif cfg.data == "episodes":
-        records = teacher_records(cfg.teacher_episodes, SYSTEM_PROMPT, ctx=cfg.ctx, keep=("win", "draw"),
-                                  seed=cfg.seed, compact=cfg.compact)
-    else:
-        raise ValueError(f"data must be positions or episodes, got {cfg.data!r}")
+    records = teacher_position_records(cfg.system_prompt, compact=cfg.compact, style=cfg.answer,
+                                       show_moves=cfg.show_moves)
     items = [sft_item(r, tok) for r in records]
-    times["datagen"] = time.perf_counter() - t0
-    print(f"[recipe] teacher data ({cfg.data}): {len(records)} records", flush=True)
+    clock.add("datagen", time.perf_counter() - t0)
+    prompt_tokens = sum(len(i.prompt_ids) for i in items) / len(items)
+    answer_tokens = sum(len(i.completion_ids) for i in items) / len(items)
+    print(f"[recipe] teacher data: {len(items)} positions, {prompt_tokens:.0f} prompt + "
+          f"{answer_tokens:.0f} answer tokens each", flush=True)
 
-    t0 = time.perf_counter()
-    sft_steps = cfg.sft_steps or math.ceil(cfg.sft_epochs * len(items) / cfg.sft_batch_size)
-    sft_cfg = SFTConfig(model=cfg.model, batch_size=cfg.sft_batch_size, max_steps=sft_steps, final_save=True,
-                        resume=False, seed=cfg.seed,
-                        trainer=TrainerConfig(lr=cfg.sft_lr, lr_schedule="cosine", micro_token_budget=cfg.micro_token_budget,
-                                              warmup_steps=max(1, sft_steps // 20)))
+    # ------------------------------------------------------------------ 2. SFT
+    t_sft = time.perf_counter()
     sft_dir = run_dir / "sft"
-    sft_logger = make_logger(cfg.logger, sft_dir, asdict(sft_cfg), total_steps=sft_steps)
-    await sft_stage(sft_cfg, model, tok, items, sft_dir, sft_logger, sft_steps)
-    sft_logger.close()
-    times["sft"] = time.perf_counter() - t0
-    await evaluate("sft")
+    source = OfflineBatchSource(items, cfg.sft_batch_size, seed=cfg.seed)
+    fixed = cfg.sft_steps or math.ceil(3 * len(items) / cfg.sft_batch_size)
+    tcfg = TrainerConfig(lr=cfg.sft_lr, lr_schedule="cosine", micro_token_budget=cfg.micro_token_budget,
+                         total_steps=fixed, warmup_steps=3)
+    trainer = Trainer(model, make_sft(), source, tcfg, checkpoint_dir=None, tokenizer=tok,
+                      pad_token_id=tok.pad_token_id)
+    sft_logger = make_logger(cfg.logger, sft_dir, asdict(tcfg), total_steps=fixed)
+    sft_budget = cfg.sft_share * clock.left()
+    def curve_steps(total: int) -> set[int]:
+        return {max(1, round(total * (k + 1) / cfg.curve_points)) for k in range(cfg.curve_points - 1)}
 
+    steps, step, curve_at = fixed, 0, curve_steps(fixed)
+    while step < steps:
+        m = await trainer.train_step()
+        step = trainer.step
+        sft_logger.log(step, {"loss": m["loss"], "learning_rate": m["lr"], "step_s": m["step_s"],
+                              "epoch": step * cfg.sft_batch_size / len(items)})
+        if step == 3 and cfg.budget_minutes and not cfg.sft_steps:  # calibrated: fit the steps to the budget
+            per_step = (time.perf_counter() - t_sft) / 3
+            per_curve = ev.positions_seconds or 20.0
+            steps = max(6, int((sft_budget - cfg.curve_points * per_curve) / per_step))
+            trainer.cfg.total_steps = steps
+            curve_at = curve_steps(steps)
+            sft_logger.log(step, {"planned_steps": steps})
+            print(f"[recipe] SFT: {per_step:.1f} s/step -> {steps} steps "
+                  f"({steps * cfg.sft_batch_size / len(items):.1f} epochs) in {sft_budget / 60:.1f} min", flush=True)
+        if step in curve_at:
+            t0 = time.perf_counter()
+            await ev.positions("sft", step)
+            clock.add("eval_curve", time.perf_counter() - t0)
+    sft_logger.close()
+    model.save_pretrained(sft_dir / "final")
+    tok.save_pretrained(sft_dir / "final")
+    clock.add("sft", time.perf_counter() - t_sft - clock.seconds.get("eval_curve", 0.0))
     t0 = time.perf_counter()
+    sft_eval = await ev.evaluate("sft", step)
+    clock.add("eval_sft", time.perf_counter() - t0)
+
+    # ------------------------------------------------------------------ 4. RL
+    t_rl = time.perf_counter()
     for p in model.parameters():
         p.requires_grad_(False)
     model = apply_lora(model, LoraSettings(rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank))
     engine.model = model
-    grpo_cfg = TrainTicTacToeConfig(
-        model=str(sft_dir / "final"), ctx=cfg.ctx, compact=cfg.compact,
-        show_opponent_move=cfg.show_opponent_move, group_size=cfg.group_size,
-        rollouts_per_update=cfg.rollouts_per_update, train_steps=cfg.grpo_steps,
-        opponent=cfg.opponent, epsilon=cfg.epsilon, max_completion_tokens=cfg.max_completion_tokens,
-        lora_rank=cfg.lora_rank,
-        trainer=TrainerConfig(lr=cfg.grpo_lr, max_grad_norm=0.5, micro_token_budget=cfg.micro_token_budget),
-        final_save=True, resume=False, seed=cfg.seed, concurrency=64,
-    )
-    grpo_dir = run_dir / "grpo"
-    grpo_dir.mkdir(parents=True, exist_ok=True)
-    grpo_logger = make_logger(cfg.logger, grpo_dir, asdict(grpo_cfg), total_steps=cfg.grpo_steps)
-    await grpo_stage(grpo_cfg, model, tok, in_process(engine), grpo_dir, grpo_logger)
-    grpo_logger.close()
-    times["grpo"] = time.perf_counter() - t0
-    await evaluate("grpo")
+    rl_dir = run_dir / "rl"
+    rl_cfg = PositionRLConfig(positions_per_step=cfg.positions_per_step, group_size=cfg.group_size,
+                              temperature=cfg.rl_temperature, seed=cfg.seed,
+                              trainer=TrainerConfig(lr=cfg.rl_lr, max_grad_norm=1.0,
+                                                    micro_token_budget=cfg.micro_token_budget))
+    rl_logger = make_logger(cfg.logger, rl_dir, asdict(rl_cfg), total_steps=None)
+    rl = PositionGRPO(model, tok, engine, view, rl_cfg, rl_dir, logger=rl_logger)
+    rounds = cfg.rl_rounds or cfg.max_rl_rounds
+    eval_s = clock.seconds["eval_sft"]
+    last_eval, round_s = sft_eval, 0.0
+    for r in range(rounds):
+        pool = last_eval.failures()
+        if not pool:
+            print(f"[recipe] RL round {r + 1}: no wrong decision left", flush=True)
+            break
+        # the last evaluation of a round is the final one: stop when one more round would not fit
+        if cfg.budget_minutes and not cfg.rl_rounds and r and clock.left() < round_s * 1.1:
+            break
+        t0 = time.perf_counter()
+        await rl.run(cfg.rl_steps_per_round, pool, replay=teacher)
+        t_eval = time.perf_counter()
+        last_eval = await ev.evaluate("rl", rl.steps)
+        eval_s = time.perf_counter() - t_eval
+        clock.add("eval_rl", eval_s)
+        round_s = time.perf_counter() - t0
+        print(f"[recipe] RL round {r + 1}: pool {len(pool)}, {round_s:.0f} s, "
+              f"{clock.left() / 60:.1f} min left", flush=True)
+    rl_logger.close()
+    model.save_pretrained(rl_dir / "final")
+    clock.add("rl", time.perf_counter() - t_rl - clock.seconds.get("eval_rl", 0.0))
+    ev.stage_results["rl"] = ev.stage_results.get("rl", sft_eval.metrics)
 
-    report = {"results": results, "seconds": times, "total_seconds": sum(times.values()),
-              "sft_records": len(records), "sft_steps": sft_steps, "config": asdict(cfg)}
+    report = {"results": ev.stage_results, "seconds": clock.seconds, "total_seconds": clock.elapsed(),
+              "budget_seconds": clock.budget_s, "sft_steps": step, "sft_epochs": step * cfg.sft_batch_size / len(items),
+              "rl_steps": rl.steps, "sft_records": len(items), "prompt_tokens": prompt_tokens,
+              "answer_tokens": answer_tokens, "curve": ev.curve, "machine": machine(), "config": asdict(cfg)}
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     write_report(run_dir, report)
+    print(f"[recipe] report: {run_dir / 'report.md'}", flush=True)
     return report
+
+
+class StageEval:
+    """One exact evaluation: metrics per opponent, teacher-position rates, and the wrong decisions."""
+
+    def __init__(self, metrics: dict[str, dict[str, float]], wrong: list) -> None:
+        self.metrics = metrics
+        self.wrong = wrong
+
+    def failures(self) -> list:
+        return self.wrong
+
+
+class Evaluator:
+    """Exact evaluations (vs minimax and random, both seats) and the teacher-position sweep,
+    recorded for the report: ``stage_results[stage]`` and the ``curve`` of points over time."""
+
+    def __init__(self, client: Any, view: Any, teacher: list, run_dir: Path) -> None:
+        self.client, self.view, self.teacher, self.run_dir = client, view, teacher, run_dir
+        self.t0 = time.perf_counter()
+        self.stage_results: dict[str, dict[str, dict[str, float]]] = {}
+        self.curve: list[dict[str, Any]] = []
+        self.positions_seconds = 0.0
+
+    async def positions(self, stage: str, step: int = 0) -> tuple[dict[str, float], list]:
+        """The policy's move on every teacher position: legal, best and value-preserving rates."""
+        from ludic.recipes.tictactoe_positions import score_positions
+
+        t0 = time.perf_counter()
+        score = await score_positions(self.client, self.teacher, self.view)
+        self.positions_seconds = time.perf_counter() - t0
+        rates = score.rates()
+        self.curve.append({"stage": stage, "step": step, "t": time.perf_counter() - self.t0,
+                           "best_move_rate": rates["best_move_rate"],
+                           "value_preserving_rate": rates["value_preserving_rate"]})
+        return rates, score.wrong
+
+    async def evaluate(self, stage: str, step: int = 0) -> StageEval:
+        from ludic.eval.tictactoe_exact import exact_eval
+
+        rates, wrong = await self.positions(stage, step)
+        out: dict[str, dict[str, float]] = {"teacher_positions": rates}
+        wrong_games: list = []
+        for opponent in ("minimax", "random"):
+            res = await exact_eval(self.client, ctx="last", system_prompt=self.view.system_prompt,
+                                   compact=self.view.compact, show_opponent_move=False, show_moves=self.view.show_moves,
+                                   opponent=opponent, max_tokens=self.view.max_tokens,
+                                   parser=self.view.parser_factory())
+            out[opponent] = res.as_metrics()
+            wrong_games += [d.board for d in res.records if not d.value_preserving]
+            with open(self.run_dir / f"decisions_{stage}_{opponent}.jsonl", "w") as f:
+                for d in res.records:
+                    f.write(json.dumps(d.to_dict()) + "\n")
+        self.curve[-1].update({f"{o}_non_loss_rate": out[o]["non_loss_rate"] for o in ("minimax", "random")})
+        self.curve[-1].update({f"{o}_{s}_non_loss_rate": out[o][f"{s}/non_loss_rate"]
+                               for o in ("minimax", "random") for s in ("x", "o")})
+        self.stage_results[stage] = out
+        mm, rd = out["minimax"], out["random"]
+        print(f"[recipe] {stage} (step {step}): vs minimax non-loss X {mm['x/non_loss_rate']:.1%} "
+              f"O {mm['o/non_loss_rate']:.1%} | vs random non-loss {rd['non_loss_rate']:.1%} "
+              f"win {rd['win_rate']:.1%} | teacher positions best {rates['best_move_rate']:.1%} "
+              f"value-preserving {rates['value_preserving_rate']:.1%} legal {rates['legal_rate']:.1%}", flush=True)
+        # failures that decide games first (they are what the exact numbers count), then the rest
+        return StageEval(out, list(dict.fromkeys(wrong_games + wrong)))
+
+
+def machine() -> dict[str, Any]:
+    """What the timings were taken on."""
+    import os
+    import platform
+
+    import torch
+
+    flags = ""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        flags = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
+    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "isa": isa,
+            "processor": platform.processor() or platform.machine(), "torch": torch.__version__}
 
 
 def _metrics(path: Path) -> list[dict[str, Any]]:
@@ -169,21 +329,38 @@ def _metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
 def write_report(run_dir: Path, report: dict[str, Any]) -> None:
-    """report.md (a table per stage and opponent, stage times) and learning_curve.png."""
-    rows = ["| stage | opponent | legal moves | win | draw | loss | non-loss | optimal moves |",
-            "|---|---|---|---|---|---|---|---|"]
-    for key, m in report["results"].items():
-        stage, opp = key.split("/")
-        rows.append(
-            f"| {stage} | {opp} | {m['legal_move_rate']:.1%} | {m['win_rate']:.1%} | {m['draw_rate']:.1%} | "
-            f"{m['loss_rate']:.1%} | {m['non_loss_rate']:.1%} | {m['optimal_move_rate']:.1%} |"
-        )
-    times = "\n".join(f"| {k} | {v / 60:.1f} min |" for k, v in report["seconds"].items())
+    """report.md (exact metrics per stage, stage times, the machine) and learning_curves.png."""
+    rows = ["| stage | vs minimax: non-loss X | O | mean | vs random: non-loss | win | loss | illegal or unparsable "
+            "| teacher positions: best move | value-preserving | legal |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for stage, r in report["results"].items():
+        mm, rd, tp = r["minimax"], r["random"], r["teacher_positions"]
+        forfeits = mm["illegal_rate"] + mm["parse_error_rate"] + rd["illegal_rate"] + rd["parse_error_rate"]
+        rows.append(f"| {stage} | {_pct(mm['x/non_loss_rate'])} | {_pct(mm['o/non_loss_rate'])} | "
+                    f"{_pct(mm['non_loss_rate'])} | {_pct(rd['non_loss_rate'])} | {_pct(rd['win_rate'])} | "
+                    f"{_pct(rd['loss_rate'])} | {_pct(forfeits / 2)} | {_pct(tp['best_move_rate'])} | "
+                    f"{_pct(tp['value_preserving_rate'])} | {_pct(tp['legal_rate'])} |")
+    times = "\n".join(f"| {k} | {v / 60:.2f} min |" for k, v in report["seconds"].items())
+    m = report["machine"]
+    budget = f" of a {report['budget_seconds'] / 60:.0f} min budget" if report["budget_seconds"] else ""
     text = (
-        "# Tic-tac-toe recipe report\n\n" + "\n".join(rows)
-        + f"\n\n| stage | wall time |\n|---|---|\n{times}\n| total | {report['total_seconds'] / 60:.1f} min |\n"
-        + f"\nSFT records: {report['sft_records']}\n\n![learning curve](learning_curve.png)\n"
+        "# Tic-tac-toe recipe report\n\n"
+        "Exact evaluation of the greedy policy: every branch of the opponent (minimax's tie-breaks, "
+        "random's moves) and both seats enumerated; no sampling noise. Teacher positions: the "
+        f"{report['sft_records']} positions the solver teacher can face (perfect play needs them all).\n\n"
+        + "\n".join(rows)
+        + f"\n\n| stage | wall time |\n|---|---|\n{times}\n| **total** | **{report['total_seconds'] / 60:.2f} min**"
+          f"{budget} |\n\n"
+        f"SFT: {report['sft_steps']} steps ({report['sft_epochs']:.1f} epochs) on {report['sft_records']} positions, "
+        f"{report['prompt_tokens']:.0f} prompt + {report['answer_tokens']:.0f} answer tokens each. "
+        f"RL: {report['rl_steps']} position-level GRPO batches.\n\n"
+        f"Machine: {m['cpus']} CPUs ({', '.join(m['isa']) or 'no AVX2'}), {m['torch_threads']} torch threads, "
+        f"torch {m['torch']}, dtype {report['config']['dtype']}.\n\n![learning curves](learning_curves.png)\n"
     )
     (run_dir / "report.md").write_text(text)
     try:
@@ -193,15 +370,25 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    sft = _metrics(run_dir / "sft" / "metrics.jsonl")
-    grpo = [m for m in _metrics(run_dir / "grpo" / "metrics.jsonl") if "reward_mean" in m]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    sft = [m for m in _metrics(run_dir / "sft" / "metrics.jsonl") if "loss" in m]
+    rl = [m for m in _metrics(run_dir / "rl" / "metrics.jsonl") if "reward_mean" in m]
+    curve = report["curve"]
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     axes[0].plot([m["step"] for m in sft], [m["loss"] for m in sft])
-    axes[0].set(title="SFT loss", xlabel="step", ylabel="NLL per token")
-    for key in ("reward_mean", "non_loss_rate", "legal_move_rate"):
-        axes[1].plot([m["step"] for m in grpo], [m.get(key) for m in grpo], label=key)
-    axes[1].set(title="GRPO (training episodes)", xlabel="step")
+    axes[0].set(title="SFT loss", xlabel="SFT step", ylabel="NLL per answer token", yscale="log")
+    t = [c["t"] / 60 for c in curve]
+    axes[1].plot(t, [c["best_move_rate"] for c in curve], "o-", label="best move")
+    axes[1].plot(t, [c["value_preserving_rate"] for c in curve], "o-", label="value-preserving")
+    axes[1].set(title="Teacher positions answered right", xlabel="minutes", ylim=(0, 1.02))
     axes[1].legend()
+    axes[2].plot([m["step"] for m in rl], [m["reward_mean"] for m in rl])
+    axes[2].set(title="RL reward (solver, sampled)", xlabel="RL batch")
+    pts = [c for c in curve if "minimax_non_loss_rate" in c]
+    for key, label in (("minimax_x", "vs minimax as X"), ("minimax_o", "vs minimax as O"),
+                       ("random", "vs random (mean)")):
+        axes[3].plot([c["t"] / 60 for c in pts], [c[f"{key}_non_loss_rate"] for c in pts], "o-", label=label)
+    axes[3].set(title="Exact non-loss at checkpoints", xlabel="minutes", ylim=(0, 1.02))
+    axes[3].legend()
     fig.tight_layout()
-    fig.savefig(run_dir / "learning_curve.png", dpi=100)
+    fig.savefig(run_dir / "learning_curves.png", dpi=100)
     plt.close(fig)

@@ -1,0 +1,173 @@
+"""Position-level RL for tic-tac-toe: GRPO on the decisions the policy still gets wrong.
+
+A greedy policy with history-free prompts (ctx ``last``) is a function from
+positions to moves. ``greedy_moves`` asks it for its move on many positions
+at once (one batched generation); ``PositionScore.wrong`` keeps those where the
+move is not value-preserving. ``PositionGRPO`` then trains on those positions: each
+becomes a GRPO group of single-decision episodes (``TicTacToePositionEnv``)
+sampled at temperature 1 and scored by the solver (``solver_move_reward``),
+so every group compares the policy's own alternatives on exactly the decision
+it got wrong. Rounds of (find failures -> train) form a curriculum built
+from failures: once a decision is fixed, the games it unlocks expose the next.
+
+    score = await score_positions(client, boards, view)
+    rl = PositionGRPO(model, tok, client, view, PositionRLConfig(), run_dir)
+    await rl.run(steps=4, pool=score.wrong, replay=boards)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import ludic.envs.tictactoe as ttt
+from ludic.agents.agent import Agent
+from ludic.context import make_context
+from ludic.envs.tictactoe_positions import board_to_string
+from ludic.inference.client import ChatClient, SamplingParams
+from ludic.interaction import SingleAgentProtocol
+from ludic.parsers import Parser, think_move_parser
+from ludic.training.config import TrainerConfig
+from ludic.types import EnvSpec, RolloutRequest
+
+
+@dataclass(frozen=True)
+class View:
+    """How the policy sees a position (must match its games): prompt text and answer parser."""
+
+    system_prompt: str | None
+    compact: bool = True
+    show_moves: bool = True
+    max_tokens: int = 16
+    parser_factory: Callable[[], Parser] = think_move_parser
+
+    def agent(self, client: ChatClient, temperature: float) -> Agent:
+        return Agent(client, make_context("last", self.system_prompt), self.parser_factory(),
+                     SamplingParams(temperature=temperature, max_tokens=self.max_tokens))
+
+    def env_kwargs(self, board: ttt.Board) -> dict[str, Any]:
+        return {"board": board_to_string(board), "compact": self.compact, "show_moves": self.show_moves}
+
+
+async def greedy_moves(client: ChatClient, boards: Sequence[ttt.Board], view: View) -> list[int | None]:
+    """The greedy policy's move on each board (None: unparsable or illegal), all requests at once."""
+
+    async def one(board: ttt.Board) -> int | None:
+        agent = view.agent(client, temperature=0.0)
+        agent.reset()
+        agent.observe(ttt.format_observation(board, ttt.to_move(board), None, None, view.compact, view.show_moves))
+        turn = await agent.act()
+        move = ttt.parse_coord(turn.parse.action) if turn.parse.action is not None else None
+        return move if move is not None and board[move] == ttt.EMPTY else None
+
+    return list(await asyncio.gather(*(one(b) for b in boards)))
+
+
+@dataclass
+class PositionScore:
+    """Greedy decisions on a set of positions, judged by the solver."""
+
+    boards: list[ttt.Board]
+    moves: list[int | None]
+
+    @property
+    def wrong(self) -> list[ttt.Board]:
+        """Boards where the move is illegal, unparsable or gives game value away."""
+        return [b for b, m in zip(self.boards, self.moves) if m is None or m not in ttt.optimal_moves(b)]
+
+    def rates(self) -> dict[str, float]:
+        n = max(len(self.boards), 1)
+        legal = [m is not None for m in self.moves]
+        ok = [m is not None and m in ttt.optimal_moves(b) for b, m in zip(self.boards, self.moves)]
+        best = [m is not None and m in ttt.best_moves(b) for b, m in zip(self.boards, self.moves)]
+        return {"positions": float(len(self.boards)), "legal_rate": sum(legal) / n,
+                "value_preserving_rate": sum(ok) / n, "best_move_rate": sum(best) / n}
+
+
+async def score_positions(client: ChatClient, boards: Sequence[ttt.Board], view: View) -> PositionScore:
+    return PositionScore(list(boards), await greedy_moves(client, boards, view))
+
+
+@dataclass
+class PositionRLConfig:
+    """Position-level GRPO settings."""
+
+    positions_per_step: int = 16
+    """Distinct positions (GRPO groups) per batch, drawn from the failure pool (fewer if it is smaller)."""
+    replay_fraction: float = 0.25
+    """Share of each batch drawn from ``replay`` positions (already right: sampled mistakes
+    there are corrected too, which guards against forgetting)."""
+    group_size: int = 8
+    temperature: float = 1.0
+    algorithm: str = "grpo"
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-4, max_grad_norm=1.0))
+    seed: int = 0
+
+
+class PositionGRPO:
+    """GRPO on single decisions: each batch draws positions from ``pool`` (and ``replay``), each
+    position becomes a group of ``group_size`` one-move episodes of ``TicTacToePositionEnv``
+    sampled at ``temperature`` and rewarded by the solver. Groups whose samples all score the
+    same carry no signal and are dropped before the loss. The pool changes between calls of
+    ``run`` (a curriculum); the optimizer state lives on."""
+
+    def __init__(self, model: Any, tokenizer: Any, client: ChatClient, view: View, cfg: PositionRLConfig,
+                 run_dir: Path, *, publisher: Any = None, logger: Any = None, total_steps: int = 0) -> None:
+        from ludic.rollouts.batch import RolloutBatchSource, drop_zero_weight
+        from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
+        from ludic.training.algorithms import make_algorithm
+        from ludic.training.trainer import Trainer
+
+        self.cfg, self.view = cfg, view
+        self.pool: list[ttt.Board] = []
+        self.replay: list[ttt.Board] = []
+        self.rng = random.Random(cfg.seed)
+        self.steps = 0
+
+        def factory() -> SingleAgentProtocol:
+            return SingleAgentProtocol(view.agent(client, cfg.temperature))
+
+        algo = make_algorithm(cfg.algorithm)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        engine = RolloutEngine({"single_agent": factory}, concurrency=cfg.positions_per_step * cfg.group_size,
+                               jsonl_path=run_dir / "rollouts.jsonl")
+        source = RolloutBatchSource(engine, self._requests, algo.credit,
+                                    strategy=GRPORequestStrategy(cfg.group_size, cfg.seed),
+                                    sample_filter=drop_zero_weight, metrics_fn=_position_metrics)
+        tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or total_steps)
+        self.trainer = Trainer(model, algo, source, tcfg, publisher=publisher, logger=logger, tokenizer=tokenizer,
+                               pad_token_id=tokenizer.pad_token_id, checkpoint_dir=None)
+        # a batch of solved groups only is expected here (the pool is a guess), not an error
+        self.trainer.cfg.max_empty_steps = 10**9
+
+    def _requests(self) -> list[RolloutRequest]:
+        n = self.cfg.positions_per_step
+        n_replay = min(len(self.replay), round(n * self.cfg.replay_fraction)) if self.pool else 0
+        boards = self.rng.sample(self.pool, min(n - n_replay, len(self.pool)))
+        boards += self.rng.sample(self.replay, n_replay)
+        return [RolloutRequest(EnvSpec("tictactoe_position", self.view.env_kwargs(b)), max_steps=1) for b in boards]
+
+    async def run(self, steps: int, pool: Sequence[ttt.Board], replay: Sequence[ttt.Board] = (),
+                  on_step: Callable[[int, dict], Any] | None = None) -> dict[str, Any]:
+        """``steps`` batches (optimizer steps when any group carries signal) on ``pool``."""
+        self.pool, self.replay = list(dict.fromkeys(pool)), [b for b in dict.fromkeys(replay) if b not in set(pool)]
+        last: dict[str, Any] = {}
+        if not self.pool:
+            return last
+        for _ in range(steps):
+            last = await self.trainer.train_step()
+            self.steps += 1
+            if on_step is not None:
+                on_step(self.steps, last)
+        return last
+
+
+def _position_metrics(rollouts: Sequence[Any]) -> dict[str, float]:
+    steps = [s for r in rollouts for s in r.steps]
+    n = max(len(steps), 1)
+    return {"sampled_best_rate": sum(bool(s.info.get("best_move")) for s in steps) / n,
+            "sampled_value_preserving_rate": sum(bool(s.info.get("optimal_move")) for s in steps) / n,
+            "sampled_illegal_rate": sum(bool(s.info.get("illegal_move")) for s in steps) / n}
