@@ -93,3 +93,22 @@ def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path):
         assert (run / name).exists(), name
     text = (run / "report.md").read_text()
     assert "| rl |" in text and "| **total** |" in text and "teacher positions" in text
+
+
+def test_seed_workflow_recipe_on_tiny_model(tiny_model_dir, tmp_path):
+    """ludic recipe tictactoe --ctx truncated: teacher cold start, SFT, rejection sampling, GRPO, evaluations."""
+    from ludic.recipes.tictactoe_seed_recipe import SeedRecipeConfig, seed_recipe
+
+    run = tmp_path / "seed"
+    report = seed_recipe(SeedRecipeConfig(model=str(tiny_model_dir), run_dir=str(run), teacher_episodes=6,
+                                          sft_batch_size=8, rs_episodes=2, grpo_steps=1, group_size=2,
+                                          rollouts_per_update=2, max_completion_tokens=6, eval_episodes=2,
+                                          logger="none"))
+    assert {"base", "sft", "grpo"} <= set(report["results"])
+    assert report["teacher_records"] > 6 and report["sft_steps"] >= 1
+    for r in report["results"].values():
+        assert r["minimax"]["x/decisions"] >= 1 and "non_loss_rate_ci95_low" in r["random"]
+    assert set(report["seconds"]) >= {"datagen", "sft", "rejection_sampling", "grpo", "eval_base", "eval_grpo"}
+    text = (run / "report.md").read_text()
+    assert "| grpo |" in text and "[TRUNCATED]" in text
+    assert (run / "grpo" / "metrics.jsonl").exists()

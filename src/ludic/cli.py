@@ -85,8 +85,14 @@ def _dpo(argv: list[str]) -> None:
 
 def _recipe_tictactoe(argv: list[str]) -> None:
     from ludic.recipes.tictactoe_recipe import RecipeConfig, recipe
+    from ludic.recipes.tictactoe_seed_recipe import SeedRecipeConfig, seed_recipe
 
-    report = recipe(parse_config(RecipeConfig, argv, prog="ludic recipe tictactoe"))
+    ctx = next((v for k, v in zip(argv, argv[1:]) if k == "--ctx"),
+               next((a.split("=", 1)[1] for a in argv if a.startswith("--ctx=")), "last"))
+    if ctx != "last":  # the seed's own workflow (multi-turn prompts, rejection sampling, GRPO on games)
+        report = seed_recipe(parse_config(SeedRecipeConfig, argv, prog="ludic recipe tictactoe --ctx truncated"))
+    else:
+        report = recipe(parse_config(RecipeConfig, argv, prog="ludic recipe tictactoe"))
     print(json.dumps({"results": report["results"], "seconds": report["seconds"]}, indent=2))
 
 

@@ -78,25 +78,37 @@ def datagen(cfg: DatagenConfig) -> dict[str, Any]:
 
 
 async def _rejection_sample(cfg: DatagenConfig, keep: tuple[str, ...]) -> tuple[list[dict], int]:
-    from ludic.data.synth import filter_rollouts, keep_results, rollouts_to_records
     from ludic.recipes.backends import make_eval_client
+
+    client, close = await make_eval_client(cfg)
+    try:
+        return await rejection_sample(client, cfg.episodes, keep, opponent=cfg.opponent, epsilon=cfg.epsilon,
+                                      ctx=cfg.ctx, transform=cfg.transform, placeholder=cfg.placeholder,
+                                      compact=cfg.compact, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                                      max_steps=cfg.max_steps, concurrency=cfg.concurrency, seed=cfg.seed)
+    finally:
+        await close()
+
+
+async def rejection_sample(
+    client: Any, episodes: int, keep: tuple[str, ...] = ("win",), *, opponent: str = "random", epsilon: float = 0.3,
+    ctx: str = "full", transform: bool = True, placeholder: str = "[TRUNCATED]", compact: bool = False,
+    temperature: float = 0.8, max_tokens: int = 250, max_steps: int = 5, concurrency: int = 32, seed: int = 0,
+) -> tuple[list[dict], int]:
+    """Roll out the policy behind ``client`` with FullDialog (half the episodes as X), keep the
+    episodes whose result is in ``keep``; returns their SFT records (as context ``ctx`` shows
+    them) and the number of episodes kept."""
+    from ludic.data.synth import filter_rollouts, keep_results, rollouts_to_records
     from ludic.recipes.tictactoe import SYSTEM_PROMPT, make_protocol_factory
     from ludic.rollouts.engine import RolloutEngine
     from ludic.types import EnvSpec, RolloutRequest
 
-    client, close = await make_eval_client(cfg)
-    try:
-        engine = RolloutEngine({"single_agent": make_protocol_factory(
-            client, "full", cfg.temperature, cfg.max_tokens)},
-            concurrency=cfg.concurrency)
-        reqs = [RolloutRequest(EnvSpec("tictactoe", {"opponent": cfg.opponent, "epsilon": cfg.epsilon,
-                                                     "agent_starts": i % 2 == 0, "compact": cfg.compact}),
-                               env_seed=cfg.seed * 1_000_003 + i, sampling_seed=cfg.seed * 1_000_003 + i,
-                               max_steps=cfg.max_steps)
-                for i in range(cfg.episodes)]
-        rollouts = await engine.generate_rollouts(reqs)
-        kept = filter_rollouts(rollouts, keep_results(*keep))
-        return rollouts_to_records(kept, SYSTEM_PROMPT, ctx=cfg.ctx, transform=cfg.transform,
-                                   placeholder=cfg.placeholder), len(kept)
-    finally:
-        await close()
+    engine = RolloutEngine({"single_agent": make_protocol_factory(client, "full", temperature, max_tokens)},
+                           concurrency=concurrency)
+    reqs = [RolloutRequest(EnvSpec("tictactoe", {"opponent": opponent, "epsilon": epsilon,
+                                                 "agent_starts": i % 2 == 0, "compact": compact}),
+                           env_seed=seed * 1_000_003 + i, sampling_seed=seed * 1_000_003 + i, max_steps=max_steps)
+            for i in range(episodes)]
+    rollouts = await engine.generate_rollouts(reqs)
+    kept = filter_rollouts(rollouts, keep_results(*keep))
+    return rollouts_to_records(kept, SYSTEM_PROMPT, ctx=ctx, transform=transform, placeholder=placeholder), len(kept)
