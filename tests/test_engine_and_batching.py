@@ -54,6 +54,29 @@ def test_token_budget_split_and_truncation():
     assert truncate_item(it, 4) is None and truncate_item(it, 7) is it
 
 
+def test_grpo_groups_are_packed_by_prompt_so_each_prompt_is_computed_once():
+    """A GRPO batch (8 samples of each of 6 prompts sharing a 20-token system part) packs one
+    group per micro-batch: the whole prompt is then a shared prefix, computed once per group."""
+    from ludic.training.batching import micro_batch_cost
+
+    system = tuple(range(100, 120))
+    items = [SAWItem(system + tuple(range(200 + 40 * g, 240 + 40 * g)), (7,) * (5 + k % 4), 1.0, meta={"g": g})
+             for k in range(8) for g in range(6)]
+    groups = split_by_token_budget(items, budget=4096)
+    assert sorted(id(it) for mb in groups for it in mb) == sorted(id(it) for it in items)
+    assert [{it.meta["g"] for it in mb} for mb in groups] == [{g} for g in range(6)]
+    by_length = split_by_token_budget(items, budget=4096, share_prefix=False)
+    assert len(by_length) == 1  # the old packing: one micro-batch, only the system part shared
+    cost = sum(micro_batch_cost(mb) for mb in groups)
+    assert cost == 6 * (59 + 8 * 9) and micro_batch_cost(by_length[0]) == 20 + 48 * 48
+    # distinct prompts (SFT) still share micro-batches
+    sft = [SAWItem(system + (300 + i, 301, 302), (7, 8), 1.0) for i in range(16)]
+    assert len(split_by_token_budget(sft, budget=4096)) == 1
+    # the budget still holds
+    for mb in split_by_token_budget(items, budget=200):
+        assert max(it.num_tokens for it in mb) * len(mb) <= 200
+
+
 def test_engine_batches_concurrent_requests_and_logprobs_match_trainer(tiny):
     model, tok = tiny
     engine = TransformersEngine(model, tok, batch_wait_s=0.05)

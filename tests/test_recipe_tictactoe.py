@@ -112,3 +112,32 @@ def test_seed_workflow_recipe_on_tiny_model(tiny_model_dir, tmp_path):
     text = (run / "report.md").read_text()
     assert "| grpo |" in text and "[TRUNCATED]" in text
     assert (run / "grpo" / "metrics.jsonl").exists()
+
+
+def test_recipe_prompts_are_the_same_in_sft_data_rl_and_exact_evaluation():
+    """The SFT record of a position, the position-GRPO agent's prompt and the env's observation
+    (what exact evaluation and games show) are one text: a mismatch would silently cost accuracy."""
+    from ludic.data.synth import teacher_position_records, teacher_positions
+    from ludic.envs.tictactoe import TicTacToeEnv
+    from ludic.envs.tictactoe_positions import TicTacToePositionEnv
+    from ludic.recipes.tictactoe import answer_parser
+    from ludic.recipes.tictactoe_positions import View
+
+    view = View("Tic-tac-toe.", compact=True, show_moves=False, max_tokens=12, answer="move")
+    records = teacher_position_records("Tic-tac-toe.", style="move", show_moves=False)
+    boards = teacher_positions()
+    for board, rec in list(zip(boards, records))[:40]:
+        agent = view.agent(client=None, temperature=0.0)
+        agent.reset()
+        pos_env = TicTacToePositionEnv(**view.env_kwargs(board))
+        obs, _ = pos_env.reset()[pos_env.agent_id]
+        agent.observe(obs)
+        assert agent.ctx.messages() == rec["messages"]
+    env = TicTacToeEnv(agent_starts=True, compact=True, show_moves=False, show_opponent_move=False)
+    obs, _ = env.reset(seed=0)[env.agent_id]
+    assert obs == records[0]["messages"][1]["content"]  # the empty board as X
+    assert answer_parser("move")("<move>B2</move>").action == "B2"
+    assert answer_parser("move")("<think>x</think><move>B2</move>").action is None
+    assert answer_parser("kind")("<think>block</think><move>A1</move>").action == "A1"
+    with pytest.raises(ValueError, match="answer must be"):
+        answer_parser("essay")

@@ -561,10 +561,12 @@ class TicTacToeGame(LudicEnv):
         illegal_reward: float = -1.0,
         compact: bool = False,
         show_opponent_move: bool = True,
+        show_moves: bool = True,
     ) -> None:
         self.rewards = Rewards(win_reward, draw_reward, loss_reward, illegal_reward)
         self.compact = compact
         self.show_opponent_move = show_opponent_move
+        self.show_moves = show_moves
         self.board: Board = EMPTY_BOARD
         self._last: int | None = None
         self._illegal: tuple[str, str] | None = None  # (mark, raw action)
@@ -611,7 +613,7 @@ class TicTacToeGame(LudicEnv):
             status = _STATUS["opponent_illegal" if self._forfeit_win(agent_id) else result]
         else:
             status = None if to_move(self.board) == agent_id else f"Waiting for {other(agent_id)}."
-        return format_observation(self.board, agent_id, note, status, self.compact)
+        return format_observation(self.board, agent_id, note, status, self.compact, self.show_moves)
 
     def reset(self, seed: int | None = None) -> dict[str, tuple[str, JSON]]:
         """Start from the empty board (the game is deterministic; ``seed`` is unused)."""

@@ -26,7 +26,7 @@ from ludic.context import make_context
 from ludic.inference.client import ChatClient, SamplingParams
 from ludic.inference.models import DEFAULT_MODEL
 from ludic.interaction import SingleAgentProtocol
-from ludic.parsers import think_move_parser
+from ludic.parsers import Parser, think_move_parser, xml_tag_parser
 from ludic.rollouts.batch import RolloutBatchSource
 from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
 from ludic.training.config import TrainerConfig
@@ -81,6 +81,12 @@ class TrainTicTacToeConfig:
     """Compact board rendering (about a third fewer prompt tokens)."""
     show_opponent_move: bool = True
     """Start observations with the opponent's last move."""
+    system_prompt: str = SYSTEM_PROMPT
+    """The system turn (the recipe trains with the short "Tic-tac-toe.")."""
+    answer: str = "think"
+    """Answer format the parser demands: think or kind (<think>...</think><move>B2</move>) or move (<move>B2</move>)."""
+    show_moves: bool = True
+    """List the free cells in each observation."""
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=5e-5, max_grad_norm=0.5, checkpoint_every=10))
     """Optimisation (--lr, --max-grad-norm, --ppo-epochs, ...: see TrainerConfig)."""
     merge_turns: bool = True
@@ -143,31 +149,50 @@ def tictactoe_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     return out
 
 
+def answer_parser(answer: str = "think") -> Parser:
+    """The strict parser of an answer style: ``move`` takes exactly ``<move>B2</move>``; ``think``
+    and ``kind`` take ``<think>...</think><move>B2</move>`` (see ``ludic.data.synth.ANSWER_STYLES``)."""
+    if answer == "move":
+        return xml_tag_parser("move", exact=True)
+    if answer in ("think", "kind"):
+        return think_move_parser()
+    raise ValueError(f"answer must be think, kind or move, got {answer!r}")
+
+
 def make_agent(
-    client: ChatClient, ctx: str, temperature: float, max_tokens: int, model_name: str | None = None
+    client: ChatClient, ctx: str, temperature: float, max_tokens: int, model_name: str | None = None, *,
+    system_prompt: str = SYSTEM_PROMPT, answer: str = "think",
 ) -> Agent:
-    """A fresh tic-tac-toe player: the short system prompt, context ``ctx``, the strict think/move parser."""
+    """A fresh tic-tac-toe player: ``system_prompt``, context ``ctx``, the strict parser of ``answer``."""
     return Agent(
-        client, make_context(ctx, SYSTEM_PROMPT), think_move_parser(),
+        client, make_context(ctx, system_prompt), answer_parser(answer),
         SamplingParams(temperature=temperature, max_tokens=max_tokens), model=model_name,
     )
 
 
 def make_protocol_factory(
-    client: ChatClient, ctx: str, temperature: float, max_tokens: int, model_name: str | None = None
+    client: ChatClient, ctx: str, temperature: float, max_tokens: int, model_name: str | None = None, **prompting: Any
 ):
+    """Single-agent protocols over ``make_agent`` (``prompting``: its system_prompt and answer)."""
     def factory() -> SingleAgentProtocol:
-        agent = make_agent(client, ctx, temperature, max_tokens, model_name)
+        agent = make_agent(client, ctx, temperature, max_tokens, model_name, **prompting)
         return SingleAgentProtocol(agent, stop_on_parse_error=True)
 
     return factory
 
 
+def prompting(cfg: Any) -> dict[str, Any]:
+    """The agent-side prompt settings of a train or eval config (``make_agent``'s keywords)."""
+    return {"system_prompt": cfg.system_prompt, "answer": cfg.answer}
+
+
 def env_spec(
-    opponent: str, epsilon: float, agent_starts: bool | None, compact: bool = False, show_opponent_move: bool = True
+    opponent: str, epsilon: float, agent_starts: bool | None, compact: bool = False, show_opponent_move: bool = True,
+    show_moves: bool = True,
 ) -> EnvSpec:
     return EnvSpec("tictactoe", {"opponent": opponent, "epsilon": epsilon, "agent_starts": agent_starts,
-                                 "compact": compact, "show_opponent_move": show_opponent_move})
+                                 "compact": compact, "show_opponent_move": show_opponent_move,
+                                 "show_moves": show_moves})
 
 
 def _starts(mode: str) -> bool | None:
@@ -178,11 +203,11 @@ def _starts(mode: str) -> bool | None:
 
 def eval_requests(
     episodes: int, opponent: str, epsilon: float = 0.0, compact: bool = False, show_opponent_move: bool = True,
-    seed_base: int = 1_000_000,
+    seed_base: int = 1_000_000, show_moves: bool = True,
 ) -> list[RolloutRequest]:
     """Half the episodes with the agent moving first, half second; fixed seeds."""
     return [
-        RolloutRequest(env_spec(opponent, epsilon, i % 2 == 0, compact, show_opponent_move), env_seed=seed_base + i,
+        RolloutRequest(env_spec(opponent, epsilon, i % 2 == 0, compact, show_opponent_move, show_moves), env_seed=seed_base + i,
                        sampling_seed=seed_base + i, max_steps=5)
         for i in range(episodes)
     ]
@@ -250,7 +275,8 @@ async def grpo_stage(
     from ludic.training.algorithms import make_algorithm
     from ludic.training.trainer import Trainer
 
-    factory = make_protocol_factory(inference.client, cfg.ctx, cfg.train_temperature, cfg.max_completion_tokens)
+    factory = make_protocol_factory(inference.client, cfg.ctx, cfg.train_temperature, cfg.max_completion_tokens,
+                                    **prompting(cfg))
     engine = RolloutEngine({"single_agent": factory}, concurrency=cfg.concurrency,
                            jsonl_path=run_dir / "rollouts.jsonl")
     algo = make_algorithm(cfg.algorithm, kl_coef=cfg.kl_coef) if cfg.kl_coef else make_algorithm(cfg.algorithm)
@@ -258,7 +284,8 @@ async def grpo_stage(
 
     def bot_requests() -> list[RolloutRequest]:
         n = cfg.rollouts_per_update // cfg.group_size
-        return [RolloutRequest(env_spec(cfg.opponent, cfg.epsilon, starts, cfg.compact, cfg.show_opponent_move),
+        return [RolloutRequest(env_spec(cfg.opponent, cfg.epsilon, starts, cfg.compact, cfg.show_opponent_move,
+                                        cfg.show_moves),
                                max_steps=cfg.max_steps_per_episode)
                 for _ in range(n)]
 
@@ -285,7 +312,7 @@ async def grpo_stage(
         league.maybe_snapshot(model, trainer.step)  # the starting policy (or the resumed step's)
     eval_engine = RolloutEngine(
         {"single_agent": make_protocol_factory(inference.client, cfg.ctx, cfg.eval_temperature,
-                                               cfg.max_completion_tokens)},
+                                               cfg.max_completion_tokens, **prompting(cfg))},
         concurrency=cfg.concurrency,
     )
     last: dict[str, Any] = {}
@@ -297,7 +324,8 @@ async def grpo_stage(
             league.maybe_snapshot(model, step)
         if cfg.eval_every and cfg.eval_episodes and step % cfg.eval_every == 0 and step < cfg.train_steps:
             ev, _ = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, "random", compact=cfg.compact,
-                                                          show_opponent_move=cfg.show_opponent_move))
+                                                          show_opponent_move=cfg.show_opponent_move,
+                                                          show_moves=cfg.show_moves))
             logger.log(step, {f"eval/{k}": v for k, v in ev.items()})
 
     await trainer.train(cfg.train_steps, on_step)
@@ -306,7 +334,8 @@ async def grpo_stage(
     if cfg.eval_episodes:
         for opp in ("random", "minimax"):
             ev, _ = await run_eval(eval_engine, eval_requests(cfg.eval_episodes, opp, compact=cfg.compact,
-                                                         show_opponent_move=cfg.show_opponent_move))
+                                                         show_opponent_move=cfg.show_opponent_move,
+                                                         show_moves=cfg.show_moves))
             last.update({f"eval_{opp}/{k}": v for k, v in ev.items()})
         logger.log(trainer.step, {k: v for k, v in last.items() if k.startswith("eval_")})
     (run_dir / "summary.json").write_text(json.dumps({k: v for k, v in last.items()
@@ -330,6 +359,12 @@ class EvalTicTacToeConfig:
     compact: bool = False
     """Compact board rendering (use what the model was trained on)."""
     show_opponent_move: bool = True
+    system_prompt: str = SYSTEM_PROMPT
+    """The system turn (the recipe trains with the short "Tic-tac-toe.")."""
+    answer: str = "think"
+    """Answer format the parser demands: think or kind (<think>...</think><move>B2</move>) or move (<move>B2</move>)."""
+    show_moves: bool = True
+    """List the free cells in each observation."""
     temperature: float | None = None
     """Sampling temperature (default 0.6; --exact needs 0, its default)."""
     max_tokens: int = 48
@@ -370,12 +405,13 @@ async def _evaluate(cfg: EvalTicTacToeConfig) -> dict[str, float]:
             return await _evaluate_exact(cfg, client)
         temperature = 0.6 if cfg.temperature is None else cfg.temperature
         engine = RolloutEngine(
-            {"single_agent": make_protocol_factory(client, cfg.ctx, temperature, cfg.max_tokens)},
+            {"single_agent": make_protocol_factory(client, cfg.ctx, temperature, cfg.max_tokens, **prompting(cfg))},
             concurrency=cfg.concurrency,
         )
         t0 = time.perf_counter()
         metrics, rollouts = await run_eval(engine, eval_requests(cfg.episodes, cfg.opponent, cfg.epsilon, cfg.compact,
-                                                                         cfg.show_opponent_move))
+                                                                         cfg.show_opponent_move,
+                                                                         show_moves=cfg.show_moves))
         metrics["episodes_per_s"] = len(rollouts) / (time.perf_counter() - t0)
         metrics.update(outcome_intervals(rollouts))
         n_tok = [len(s.trace.completion_ids) for r in rollouts for s in r.steps if s.trace]
@@ -389,7 +425,8 @@ async def _evaluate(cfg: EvalTicTacToeConfig) -> dict[str, float]:
 async def _evaluate_exact(cfg: EvalTicTacToeConfig, client: ChatClient) -> dict[str, float]:
     from ludic.eval.tictactoe_exact import exact_eval
 
-    result = await exact_eval(client, ctx=cfg.ctx, system_prompt=SYSTEM_PROMPT, compact=cfg.compact,
+    result = await exact_eval(client, ctx=cfg.ctx, system_prompt=cfg.system_prompt, compact=cfg.compact,
+                              show_moves=cfg.show_moves, parser=answer_parser(cfg.answer),
                               show_opponent_move=cfg.show_opponent_move, opponent=cfg.opponent, epsilon=cfg.epsilon,
                               max_tokens=cfg.max_tokens, all_positions=cfg.all_positions)
     Path(cfg.out).parent.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 from ludic.envs.tictactoe import other
 from ludic.inference.client import ChatClient
 from ludic.interaction import MultiAgentProtocol
-from ludic.recipes.tictactoe import TrainTicTacToeConfig, env_spec, make_agent, tictactoe_metrics
+from ludic.recipes.tictactoe import TrainTicTacToeConfig, env_spec, make_agent, prompting, tictactoe_metrics
 from ludic.rollouts.engine import RolloutEngine
 from ludic.training.league import League, OpponentDraw, OpponentSampler, frozen_copy_clients, parse_mixture
 from ludic.types import EnvSpec, Rollout, RolloutRequest
@@ -44,7 +44,8 @@ SELF_PLAY = "self_play"
 
 def game_spec(cfg: TrainTicTacToeConfig) -> EnvSpec:
     """The two-seat game, with the same observations the single-agent env gives."""
-    return EnvSpec("tictactoe_selfplay", {"compact": cfg.compact, "show_opponent_move": cfg.show_opponent_move})
+    return EnvSpec("tictactoe_selfplay", {"compact": cfg.compact, "show_opponent_move": cfg.show_opponent_move,
+                                          "show_moves": cfg.show_moves})
 
 
 def selfplay_protocol_factory(
@@ -59,7 +60,7 @@ def selfplay_protocol_factory(
         if frozen_seat is not None:
             assert frozen_client is not None
             clients[frozen_seat] = frozen_client()
-        agents = {seat: make_agent(c, cfg.ctx, cfg.train_temperature, cfg.max_completion_tokens)
+        agents = {seat: make_agent(c, cfg.ctx, cfg.train_temperature, cfg.max_completion_tokens, **prompting(cfg))
                   for seat, c in clients.items()}
         return MultiAgentProtocol(agents, stop_on_parse_error=True, frozen=() if frozen_seat is None else (frozen_seat,))
 
@@ -106,7 +107,7 @@ class OpponentRequests:
                                   meta={"opponent": "league", "opponent_snapshot": snap.name, "trained_seat": seat})
         if draw.kind not in BOTS:
             raise ValueError(f"unknown tic-tac-toe opponent {draw.kind!r}; choose from {list(OPPONENTS)}")
-        spec = env_spec(draw.kind, cfg.epsilon, seat == "X", cfg.compact, cfg.show_opponent_move)
+        spec = env_spec(draw.kind, cfg.epsilon, seat == "X", cfg.compact, cfg.show_opponent_move, cfg.show_moves)
         return RolloutRequest(spec, "single_agent", max_steps=cfg.max_steps_per_episode,
                               meta={"opponent": draw.kind, "trained_seat": seat})
 

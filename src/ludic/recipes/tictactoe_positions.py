@@ -12,7 +12,7 @@ from failures: once a decision is fixed, the games it unlocks expose the next.
 
     score = await score_positions(client, boards, view)
     rl = PositionGRPO(model, tok, client, view, PositionRLConfig(), run_dir)
-    await rl.run(steps=4, pool=score.wrong, replay=boards)
+    await rl.run(steps=4, pool=score.wrong, replay=boards)  # focus=...: positions every batch takes first
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from typing import Any, Callable, Sequence
 
 import ludic.envs.tictactoe as ttt
 from ludic.agents.agent import Agent
-from ludic.context import make_context
 from ludic.envs.tictactoe_positions import board_to_string
-from ludic.inference.client import ChatClient, SamplingParams
+from ludic.inference.client import ChatClient
 from ludic.interaction import SingleAgentProtocol
-from ludic.parsers import Parser, think_move_parser
+from ludic.parsers import Parser
+from ludic.recipes.tictactoe import answer_parser, make_agent
 from ludic.training.config import TrainerConfig
 from ludic.types import EnvSpec, RolloutRequest
 
@@ -42,11 +42,15 @@ class View:
     compact: bool = True
     show_moves: bool = True
     max_tokens: int = 16
-    parser_factory: Callable[[], Parser] = think_move_parser
+    answer: str = "move"
+    """Answer style (``answer_parser``)."""
+
+    def parser(self) -> Parser:
+        return answer_parser(self.answer)
 
     def agent(self, client: ChatClient, temperature: float) -> Agent:
-        return Agent(client, make_context("last", self.system_prompt), self.parser_factory(),
-                     SamplingParams(temperature=temperature, max_tokens=self.max_tokens))
+        return make_agent(client, "last", temperature, self.max_tokens, system_prompt=self.system_prompt,
+                          answer=self.answer)
 
     def env_kwargs(self, board: ttt.Board) -> dict[str, Any]:
         return {"board": board_to_string(board), "compact": self.compact, "show_moves": self.show_moves}
@@ -96,7 +100,7 @@ class PositionRLConfig:
     """Position-level GRPO settings."""
 
     positions_per_step: int = 16
-    """Distinct positions (GRPO groups) per batch, drawn from the failure pool (fewer if it is smaller)."""
+    """Distinct positions (GRPO groups) per batch: the focus positions, then the failure pool (fewer if both are smaller)."""
     replay_fraction: float = 0.25
     """Share of each batch drawn from ``replay`` positions (already right: sampled mistakes
     there are corrected too, which guards against forgetting)."""
@@ -122,6 +126,7 @@ class PositionGRPO:
         from ludic.training.trainer import Trainer
 
         self.cfg, self.view = cfg, view
+        self.focus: list[ttt.Board] = []
         self.pool: list[ttt.Board] = []
         self.replay: list[ttt.Board] = []
         self.rng = random.Random(cfg.seed)
@@ -145,17 +150,24 @@ class PositionGRPO:
 
     def _requests(self) -> list[RolloutRequest]:
         n = self.cfg.positions_per_step
-        n_replay = min(len(self.replay), round(n * self.cfg.replay_fraction)) if self.pool else 0
-        boards = self.rng.sample(self.pool, min(n - n_replay, len(self.pool)))
+        n_replay = min(len(self.replay), round(n * self.cfg.replay_fraction)) if self.focus or self.pool else 0
+        boards = self.rng.sample(self.focus, min(n - n_replay, len(self.focus)))
+        boards += self.rng.sample(self.pool, min(n - n_replay - len(boards), len(self.pool)))
         boards += self.rng.sample(self.replay, n_replay)
         return [RolloutRequest(EnvSpec("tictactoe_position", self.view.env_kwargs(b)), max_steps=1) for b in boards]
 
     async def run(self, steps: int, pool: Sequence[ttt.Board], replay: Sequence[ttt.Board] = (),
-                  on_step: Callable[[int, dict], Any] | None = None) -> dict[str, Any]:
-        """``steps`` batches (optimizer steps when any group carries signal) on ``pool``."""
-        self.pool, self.replay = list(dict.fromkeys(pool)), [b for b in dict.fromkeys(replay) if b not in set(pool)]
+                  focus: Sequence[ttt.Board] = (), on_step: Callable[[int, dict], Any] | None = None) -> dict[str, Any]:
+        """``steps`` batches (optimizer steps when any group carries signal). A batch takes the
+        ``focus`` positions first (all of them when they fit), fills up from ``pool``, and adds
+        ``replay_fraction`` of ``replay`` positions."""
+        self.focus = list(dict.fromkeys(focus))
+        taken = set(self.focus)
+        self.pool = [b for b in dict.fromkeys(pool) if b not in taken]
+        taken |= set(self.pool)
+        self.replay = [b for b in dict.fromkeys(replay) if b not in taken]
         last: dict[str, Any] = {}
-        if not self.pool:
+        if not self.focus and not self.pool:
             return last
         for _ in range(steps):
             last = await self.trainer.train_step()

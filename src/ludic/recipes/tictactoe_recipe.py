@@ -111,7 +111,6 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.data.offline import OfflineBatchSource, sft_item
     from ludic.data.synth import teacher_position_records, teacher_positions
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.parsers import think_move_parser, xml_tag_parser
     from ludic.recipes.tictactoe import default_run_dir
     from ludic.recipes.tictactoe_positions import PositionGRPO, PositionRLConfig, View
     from ludic.training.algorithms import make_sft
@@ -128,9 +127,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
     clock = Clock(cfg.budget_minutes)
-    parser_factory = (lambda: xml_tag_parser("move", exact=True)) if cfg.answer == "move" else think_move_parser
     view = View(cfg.system_prompt, compact=cfg.compact, show_moves=cfg.show_moves,
-                max_tokens=ANSWER_TOKENS[cfg.answer], parser_factory=parser_factory)
+                max_tokens=ANSWER_TOKENS[cfg.answer], answer=cfg.answer)
     model, tok = load_policy(cfg.model, dtype=cfg.dtype, seed=cfg.seed)
     engine = TransformersEngine(model, tok)
     teacher = teacher_positions()
@@ -210,21 +208,21 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     eval_s = clock.seconds["eval_sft"]
     last_eval, round_s = sft_eval, 0.0
     for r in range(rounds):
-        pool = last_eval.failures()
-        if not pool:
+        focus, pool = last_eval.focus, last_eval.pool
+        if not focus and not pool:
             print(f"[recipe] RL round {r + 1}: no wrong decision left", flush=True)
             break
         # the last evaluation of a round is the final one: stop when one more round would not fit
         if cfg.budget_minutes and not cfg.rl_rounds and r and clock.left() < round_s * 1.1:
             break
         t0 = time.perf_counter()
-        await rl.run(cfg.rl_steps_per_round, pool, replay=teacher)
+        await rl.run(cfg.rl_steps_per_round, pool, replay=teacher, focus=focus)
         t_eval = time.perf_counter()
         last_eval = await ev.evaluate("rl", rl.steps)
         eval_s = time.perf_counter() - t_eval
         clock.add("eval_rl", eval_s)
         round_s = time.perf_counter() - t0
-        print(f"[recipe] RL round {r + 1}: pool {len(pool)}, {round_s:.0f} s, "
+        print(f"[recipe] RL round {r + 1}: {len(focus)} wrong vs minimax + {len(pool)} others, {round_s:.0f} s, "
               f"{clock.left() / 60:.1f} min left", flush=True)
     rl_logger.close()
     model.save_pretrained(rl_dir / "final")
@@ -242,14 +240,12 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
 
 
 class StageEval:
-    """One exact evaluation: metrics per opponent, teacher-position rates, and the wrong decisions."""
+    """One stage's exact evaluation: metrics per opponent and teacher positions, and the wrong
+    decisions: ``focus`` (met against minimax: each one loses games the metric counts) and
+    ``pool`` (met against random, or among the teacher positions)."""
 
-    def __init__(self, metrics: dict[str, dict[str, float]], wrong: list) -> None:
-        self.metrics = metrics
-        self.wrong = wrong
-
-    def failures(self) -> list:
-        return self.wrong
+    def __init__(self, metrics: dict[str, dict[str, float]], focus: list, pool: list) -> None:
+        self.metrics, self.focus, self.pool = metrics, focus, pool
 
 
 class Evaluator:
@@ -281,14 +277,14 @@ class Evaluator:
 
         rates, wrong = await self.positions(stage, step)
         out: dict[str, dict[str, float]] = {"teacher_positions": rates}
-        wrong_games: list = []
+        wrong_games: dict[str, list] = {}
         for opponent in ("minimax", "random"):
             res = await exact_eval(self.client, ctx="last", system_prompt=self.view.system_prompt,
                                    compact=self.view.compact, show_opponent_move=False, show_moves=self.view.show_moves,
                                    opponent=opponent, max_tokens=self.view.max_tokens,
-                                   parser=self.view.parser_factory())
+                                   parser=self.view.parser())
             out[opponent] = res.as_metrics()
-            wrong_games += [d.board for d in res.records if not d.value_preserving]
+            wrong_games[opponent] = [d.board for d in res.records if not d.value_preserving]
             with open(self.run_dir / f"decisions_{stage}_{opponent}.jsonl", "w") as f:
                 for d in res.records:
                     f.write(json.dumps(d.to_dict()) + "\n")
@@ -301,8 +297,7 @@ class Evaluator:
               f"O {mm['o/non_loss_rate']:.1%} | vs random non-loss {rd['non_loss_rate']:.1%} "
               f"win {rd['win_rate']:.1%} | teacher positions best {rates['best_move_rate']:.1%} "
               f"value-preserving {rates['value_preserving_rate']:.1%} legal {rates['legal_rate']:.1%}", flush=True)
-        # failures that decide games first (they are what the exact numbers count), then the rest
-        return StageEval(out, list(dict.fromkeys(wrong_games + wrong)))
+        return StageEval(out, wrong_games["minimax"], wrong_games["random"] + wrong)
 
 
 def machine() -> dict[str, Any]:

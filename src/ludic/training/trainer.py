@@ -296,7 +296,8 @@ class Trainer:
         tok_weighted: dict[str, float] = {}
         n_tok = 0
         train_tokens = 0
-        for group in split_by_token_budget(items, self.cfg.micro_token_budget, self.group_key):
+        for group in split_by_token_budget(items, self.cfg.micro_token_budget, self.group_key,
+                                           share_prefix=not self.cfg.gradient_checkpointing):
             mb = collate(group, self.pad_token_id, self.device)
             train_tokens += int(mb.attention_mask.sum())
             loss, stats = self.objective(self, mb, totals)
