@@ -86,8 +86,9 @@ def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path):
         assert stage["minimax"]["x/decisions"] >= 1 and stage["teacher_positions"]["positions"] == 335
     assert set(report["seconds"]) >= {"datagen", "sft", "rl", "eval_base", "eval_sft", "eval_rl", "eval_curve"}
     assert report["sft_steps"] == 4 and report["rl_steps"] == 2
-    # the curve: base, one point during SFT, the SFT evaluation, one per RL round
-    assert [c["stage"] for c in report["curve"]] == ["base", "sft", "sft", "rl", "rl"]
+    # the curve: base, one point during SFT, the SFT evaluation, one per RL round (minimax only), the final one
+    assert [c["stage"] for c in report["curve"]] == ["base", "sft", "sft", "rl", "rl", "rl"]
+    assert "random_non_loss_rate" not in report["curve"][3] and "random_non_loss_rate" in report["curve"][5]
     for name in ("report.md", "report.json", "learning_curves.png", "sft/metrics.jsonl", "rl/metrics.jsonl",
                  "decisions_sft_minimax.jsonl", "rl/final/adapter_config.json", "sft/final/config.json"):
         assert (run / name).exists(), name

@@ -205,29 +205,31 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     rl_logger = make_logger(cfg.logger, rl_dir, asdict(rl_cfg), total_steps=None)
     rl = PositionGRPO(model, tok, engine, view, rl_cfg, rl_dir, logger=rl_logger)
     rounds = cfg.rl_rounds or cfg.max_rl_rounds
-    eval_s = clock.seconds["eval_sft"]
-    last_eval, round_s = sft_eval, 0.0
+    final_eval_s = clock.seconds["eval_sft"]  # what the closing full evaluation will take, about
+    focus, pool, round_s = sft_eval.focus, sft_eval.pool, 0.0
     for r in range(rounds):
-        focus, pool = last_eval.focus, last_eval.pool
         if not focus and not pool:
             print(f"[recipe] RL round {r + 1}: no wrong decision left", flush=True)
             break
-        # the last evaluation of a round is the final one: stop when one more round would not fit
-        if cfg.budget_minutes and not cfg.rl_rounds and r and clock.left() < round_s * 1.1:
-            break
+        if cfg.budget_minutes and not cfg.rl_rounds and r and clock.left() < round_s + final_eval_s:
+            break  # one more round and the closing evaluation would not fit
         t0 = time.perf_counter()
         await rl.run(cfg.rl_steps_per_round, pool, replay=teacher, focus=focus)
         t_eval = time.perf_counter()
-        last_eval = await ev.evaluate("rl", rl.steps)
-        eval_s = time.perf_counter() - t_eval
-        clock.add("eval_rl", eval_s)
+        # between rounds: the teacher positions and minimax only (the failures that lose games)
+        round_eval = await ev.evaluate("rl", rl.steps, opponents=("minimax",))
+        clock.add("eval_rl", time.perf_counter() - t_eval)
+        focus = round_eval.focus
+        pool = list(dict.fromkeys(round_eval.pool + [b for b in pool if b not in set(round_eval.focus)]))
         round_s = time.perf_counter() - t0
-        print(f"[recipe] RL round {r + 1}: {len(focus)} wrong vs minimax + {len(pool)} others, {round_s:.0f} s, "
-              f"{clock.left() / 60:.1f} min left", flush=True)
+        print(f"[recipe] RL round {r + 1}: {len(focus)} wrong vs minimax + {len(pool)} others left, "
+              f"{round_s:.0f} s, {clock.left() / 60:.1f} min left", flush=True)
     rl_logger.close()
     model.save_pretrained(rl_dir / "final")
     clock.add("rl", time.perf_counter() - t_rl - clock.seconds.get("eval_rl", 0.0))
-    ev.stage_results["rl"] = ev.stage_results.get("rl", sft_eval.metrics)
+    t0 = time.perf_counter()
+    await ev.evaluate("rl", rl.steps)
+    clock.add("eval_rl", time.perf_counter() - t0)
 
     report = {"results": ev.stage_results, "seconds": clock.seconds, "total_seconds": clock.elapsed(),
               "budget_seconds": clock.budget_s, "sft_steps": step, "sft_epochs": step * cfg.sft_batch_size / len(items),
@@ -272,13 +274,15 @@ class Evaluator:
                            "value_preserving_rate": rates["value_preserving_rate"]})
         return rates, score.wrong
 
-    async def evaluate(self, stage: str, step: int = 0) -> StageEval:
+    async def evaluate(self, stage: str, step: int = 0, opponents: tuple[str, ...] = ("minimax", "random")) -> StageEval:
+        """Teacher positions, then exact evaluations against ``opponents``; ``stage_results[stage]``
+        keeps the stage's latest full evaluation (both opponents)."""
         from ludic.eval.tictactoe_exact import exact_eval
 
         rates, wrong = await self.positions(stage, step)
         out: dict[str, dict[str, float]] = {"teacher_positions": rates}
-        wrong_games: dict[str, list] = {}
-        for opponent in ("minimax", "random"):
+        wrong_games: dict[str, list] = {"minimax": [], "random": []}
+        for opponent in opponents:
             res = await exact_eval(self.client, ctx="last", system_prompt=self.view.system_prompt,
                                    compact=self.view.compact, show_opponent_move=False, show_moves=self.view.show_moves,
                                    opponent=opponent, max_tokens=self.view.max_tokens,
@@ -288,15 +292,16 @@ class Evaluator:
             with open(self.run_dir / f"decisions_{stage}_{opponent}.jsonl", "w") as f:
                 for d in res.records:
                     f.write(json.dumps(d.to_dict()) + "\n")
-        self.curve[-1].update({f"{o}_non_loss_rate": out[o]["non_loss_rate"] for o in ("minimax", "random")})
+        self.curve[-1].update({f"{o}_non_loss_rate": out[o]["non_loss_rate"] for o in opponents})
         self.curve[-1].update({f"{o}_{s}_non_loss_rate": out[o][f"{s}/non_loss_rate"]
-                               for o in ("minimax", "random") for s in ("x", "o")})
-        self.stage_results[stage] = out
-        mm, rd = out["minimax"], out["random"]
-        print(f"[recipe] {stage} (step {step}): vs minimax non-loss X {mm['x/non_loss_rate']:.1%} "
-              f"O {mm['o/non_loss_rate']:.1%} | vs random non-loss {rd['non_loss_rate']:.1%} "
-              f"win {rd['win_rate']:.1%} | teacher positions best {rates['best_move_rate']:.1%} "
-              f"value-preserving {rates['value_preserving_rate']:.1%} legal {rates['legal_rate']:.1%}", flush=True)
+                               for o in opponents for s in ("x", "o")})
+        if set(opponents) >= {"minimax", "random"}:
+            self.stage_results[stage] = out
+        said = [f"vs {o} non-loss X {out[o]['x/non_loss_rate']:.1%} O {out[o]['o/non_loss_rate']:.1%}"
+                for o in opponents]
+        print(f"[recipe] {stage} (step {step}): " + " | ".join(said) + f" | teacher positions best "
+              f"{rates['best_move_rate']:.1%} value-preserving {rates['value_preserving_rate']:.1%} "
+              f"legal {rates['legal_rate']:.1%}", flush=True)
         return StageEval(out, wrong_games["minimax"], wrong_games["random"] + wrong)
 
 
@@ -378,9 +383,9 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
     axes[1].legend()
     axes[2].plot([m["step"] for m in rl], [m["reward_mean"] for m in rl])
     axes[2].set(title="RL reward (solver, sampled)", xlabel="RL batch")
-    pts = [c for c in curve if "minimax_non_loss_rate" in c]
     for key, label in (("minimax_x", "vs minimax as X"), ("minimax_o", "vs minimax as O"),
                        ("random", "vs random (mean)")):
+        pts = [c for c in curve if f"{key}_non_loss_rate" in c]
         axes[3].plot([c["t"] / 60 for c in pts], [c[f"{key}_non_loss_rate"] for c in pts], "o-", label=label)
     axes[3].set(title="Exact non-loss at checkpoints", xlabel="minutes", ylim=(0, 1.02))
     axes[3].legend()
