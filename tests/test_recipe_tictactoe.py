@@ -69,6 +69,11 @@ def test_exact_eval_refuses_sampling_before_loading_a_model():
 def test_cli_help_and_unknown_command():
     ok = subprocess.run([sys.executable, "-m", "ludic", "eval", "tictactoe", "--help"], capture_output=True, text=True)
     assert ok.returncode == 0 and "--opponent" in ok.stdout
+    from ludic.cli import COMMANDS
+
+    for command in [c for c in COMMANDS if c != ("model", "prepare")]:  # every command's --help renders (a '%' in a docstring once broke them)
+        out = subprocess.run([sys.executable, "-m", "ludic", *command, "--help"], capture_output=True, text=True)
+        assert out.returncode == 0 and "usage:" in out.stdout, (command, out.stderr[-500:])
     bad = subprocess.run([sys.executable, "-m", "ludic", "fly", "away"], capture_output=True, text=True)
     assert bad.returncode == 2 and "commands:" in bad.stdout
 
