@@ -78,7 +78,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, defaults: Any
             raise TypeError(f"{cls.__name__}.{f.name}: flag --{f.name} is also defined by {seen[f.name]}")
         seen[f.name] = cls.__name__
         flag = "--" + f.name.replace("_", "-")
-        help_text = docs.get(f.name, "")
+        help_text = docs.get(f.name, "").replace("%", "%%")  # argparse %-formats help strings
         if tp is bool:
             parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
                                 help=help_text)
@@ -87,7 +87,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, defaults: Any
             if optional:
                 conv = lambda s, _t=tp: None if s.lower() in ("none", "") else _t(s)  # noqa: E731
             parser.add_argument(flag, dest=f.name, type=conv, default=default,
-                                help=f"{help_text} (default: {default})")
+                                help=f"{help_text} (default: {str(default).replace('%', '%%')})")
         elif typing.get_origin(tp) is tuple and all(a in (float, Ellipsis) for a in typing.get_args(tp)):
             parser.add_argument(flag, dest=f.name, type=_floats, default=default,
                                 help=f"{help_text} (comma-separated; default: {','.join(map(str, default))})")
