@@ -99,6 +99,16 @@ def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path):
         assert (run / name).exists(), name
     text = (run / "report.md").read_text()
     assert "| rl |" in text and "| **total** |" in text and "teacher positions" in text
+    # the report's evaluation command reproduces its numbers (same prompts, same parser)
+    import shlex
+    from ludic.config import parse_config
+    from ludic.recipes.tictactoe_recipe import eval_command
+
+    argv = shlex.split(eval_command(run, report["config"]))[3:] + ["--out", str(tmp_path / "again.jsonl")]
+    again = evaluate(parse_config(EvalTicTacToeConfig, argv))
+    ours = report["results"]["rl"]["minimax"]
+    assert {k: again[k] for k in ("non_loss_rate", "decisions", "parse_error_rate")} == \
+        {k: ours[k] for k in ("non_loss_rate", "decisions", "parse_error_rate")}
 
 
 def test_seed_workflow_recipe_on_tiny_model(tiny_model_dir, tmp_path):

@@ -323,6 +323,17 @@ def machine() -> dict[str, Any]:
             "processor": platform.processor() or platform.machine(), "torch": torch.__version__}
 
 
+def eval_command(run_dir: Path, cfg: dict[str, Any]) -> str:
+    """The ``ludic eval tictactoe --exact`` command line that sees the recipe's prompts."""
+    import shlex
+
+    return (f"ludic eval tictactoe --exact --opponent minimax --model {run_dir / 'sft' / 'final'} "
+            f"--adapter {run_dir / 'rl' / 'final'} --ctx last {'--compact' if cfg['compact'] else '--no-compact'} "
+            f"--no-show-opponent-move {'--show-moves' if cfg['show_moves'] else '--no-show-moves'} "
+            f"--system-prompt {shlex.quote(cfg['system_prompt'])} --answer {cfg['answer']} "
+            f"--max-tokens {ANSWER_TOKENS[cfg['answer']]}")
+
+
 def _metrics(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -359,6 +370,7 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
         f"SFT: {report['sft_steps']} steps ({report['sft_epochs']:.1f} epochs) on {report['sft_records']} positions, "
         f"{report['prompt_tokens']:.0f} prompt + {report['answer_tokens']:.0f} answer tokens each. "
         f"RL: {report['rl_steps']} position-level GRPO batches.\n\n"
+        f"Evaluate the result again (or against random) with:\n\n```\n{eval_command(run_dir, report['config'])}\n```\n\n"
         f"Machine: {m['cpus']} CPUs ({', '.join(m['isa']) or 'no AVX2'}), {m['torch_threads']} torch threads, "
         f"torch {m['torch']}, dtype {report['config']['dtype']}.\n\n![learning curves](learning_curves.png)\n"
     )
