@@ -44,7 +44,7 @@ class RecipeConfig:
     budget_minutes: float = 27.0
     """Wall-time budget of the whole recipe, evaluations included: SFT and RL steps are set
     from the step times measured in this run (0: use --sft-steps / --rl-rounds as given)."""
-    sft_share: float = 0.4
+    sft_share: float = 0.5
     """Share of the budget left after the base evaluation that goes to SFT (the rest: RL and evaluations)."""
     ctx: str = "last"
     """Prompt view: last (latest board only) for this recipe; truncated runs the seed's workflow."""
@@ -61,7 +61,7 @@ class RecipeConfig:
     """SFT optimizer steps (0: from the budget)."""
     sft_batch_size: int = 16
     sft_lr: float = 2e-4
-    curve_points: int = 5
+    curve_points: int = 4
     """Per-position accuracy measurements during SFT (each answers the 335 teacher positions)."""
     rl_rounds: int = 0
     """RL rounds (0: as many as the budget allows, at most max_rl_rounds)."""
@@ -70,7 +70,7 @@ class RecipeConfig:
     """GRPO steps between two exact evaluations (which refresh the failure pool)."""
     positions_per_step: int = 16
     group_size: int = 8
-    rl_lr: float = 1e-4
+    rl_lr: float = 2e-4
     rl_temperature: float = 1.0
     lora_rank: int = 16
     eval_base: bool = True
