@@ -159,7 +159,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
                          total_steps=fixed, warmup_steps=3)
     trainer = Trainer(model, make_sft(), source, tcfg, checkpoint_dir=None, tokenizer=tok,
                       pad_token_id=tok.pad_token_id)
-    sft_logger = make_logger(cfg.logger, sft_dir, asdict(tcfg), total_steps=fixed)
+    calibrate = bool(cfg.budget_minutes and not cfg.sft_steps)  # the step count is known after 3 steps
+    sft_logger = make_logger(cfg.logger, sft_dir, asdict(tcfg), total_steps=None if calibrate else fixed)
     sft_budget = cfg.sft_share * clock.left()
     def curve_steps(total: int) -> set[int]:
         return {max(1, round(total * (k + 1) / cfg.curve_points)) for k in range(cfg.curve_points - 1)}
@@ -170,7 +171,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         step = trainer.step
         sft_logger.log(step, {"loss": m["loss"], "learning_rate": m["lr"], "step_s": m["step_s"],
                               "epoch": step * cfg.sft_batch_size / len(items)})
-        if step == 3 and cfg.budget_minutes and not cfg.sft_steps:  # calibrated: fit the steps to the budget
+        if step == 3 and calibrate:  # fit the steps to the budget
             per_step = (time.perf_counter() - t_sft) / 3
             per_curve = ev.positions_seconds or 20.0
             steps = max(6, int((sft_budget - cfg.curve_points * per_curve) / per_step))
