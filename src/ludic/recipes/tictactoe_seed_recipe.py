@@ -38,20 +38,20 @@ class SeedRecipeConfig:
     model: str = DEFAULT_MODEL
     run_dir: str | None = None
     ctx: str = "truncated"
-    teacher_episodes: int = 240
+    teacher_episodes: int = 80
     sft_epochs: float = 1.0
     sft_batch_size: int = 16
     sft_lr: float = 2e-4
-    rs_episodes: int = 32
+    rs_episodes: int = 16
     """Rejection-sampling episodes played by the SFT model (wins kept)."""
-    rs_sft_steps: int = 8
-    grpo_steps: int = 4
-    group_size: int = 8
-    rollouts_per_update: int = 16
+    rs_sft_steps: int = 4
+    grpo_steps: int = 3
+    group_size: int = 4
+    rollouts_per_update: int = 8
     grpo_lr: float = 1e-4
     lora_rank: int = 16
     max_completion_tokens: int = 48
-    eval_episodes: int = 40
+    eval_episodes: int = 20
     """Sampled episodes vs random per evaluation (the exact tree vs random is too large with history)."""
     micro_token_budget: int = 4096
     logger: str = "rich"
