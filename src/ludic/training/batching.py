@@ -75,10 +75,8 @@ breaks ties between packings)."""
 def micro_batch_cost(items: Sequence[SAWItem], share_prefix: bool = True) -> int:
     """Token positions the decoder computes for ``items`` as one padded micro-batch: the shared
     prompt prefix once (``_hidden_states``), then the rest of every row."""
-    longest = max(it.num_tokens for it in items)
     prefix = shared_prefix_len(items) if share_prefix else 0
-    prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
-    return prefix + len(items) * (longest - prefix)
+    return _cost(len(items), max(it.num_tokens for it in items), prefix if prefix >= MIN_SHARED_PREFIX else 0)
 
 
 def split_by_token_budget(
@@ -117,20 +115,22 @@ def _pack(units: Sequence[list[SAWItem]], budget: int, share_prefix: bool = Fals
     out: list[list[SAWItem]] = []
     cur: list[SAWItem] = []
     prefix: list[int] = []  # the prompt tokens every item of ``cur`` starts with
+    cur_longest = 0
     for unit in units:
-        longest = max(it.num_tokens for it in (*cur, *unit))
+        longest = max(cur_longest, *(it.num_tokens for it in unit))
         split = bool(cur) and longest * (len(cur) + len(unit)) > budget
+        joined = _common(prefix if cur else list(unit[0].prompt_ids), unit)
         if cur and not split and share_prefix:
-            joined = _common(prefix, unit)
-            before = _cost(len(cur), max(it.num_tokens for it in cur), _capped(prefix, cur))
-            after = _cost(len(cur) + len(unit), longest, _capped(joined, cur + unit))
+            before = _cost(len(cur), cur_longest, _capped(prefix, len(cur)))
+            after = _cost(len(cur) + len(unit), longest, _capped(joined, len(cur) + len(unit)))
             split = after - before > micro_batch_cost(unit) + FORWARD_OVERHEAD_TOKENS
         if split:
             out.append(cur)
             cur = []
-        prefix = _common(prefix, unit) if cur else list(unit[0].prompt_ids[:-1])
-        prefix = _common(prefix, unit)
-        cur = cur + unit
+            joined = _common(list(unit[0].prompt_ids), unit)
+            longest = max(it.num_tokens for it in unit)
+        cur.extend(unit)
+        prefix, cur_longest = joined, longest
     if cur:
         out.append(cur)
     return out
@@ -148,9 +148,10 @@ def _common(prefix: list[int], unit: Sequence[SAWItem]) -> list[int]:
     return prefix[:n]
 
 
-def _capped(prefix: list[int], items: Sequence[SAWItem]) -> int:
-    """``shared_prefix_len`` of ``items`` given their common prompt prefix (0 for one item or a short one)."""
-    n = len(prefix) if len(items) > 1 else 0
+def _capped(prefix: list[int], count: int) -> int:
+    """The prefix ``_hidden_states`` shares for ``count`` items starting with ``prefix`` (0 for one
+    item or a short prefix)."""
+    n = len(prefix) if count > 1 else 0
     return n if n >= MIN_SHARED_PREFIX else 0
 
 
