@@ -2,7 +2,7 @@
 
 import pytest
 
-from ludic.parsers import think_move_parser, xml_tag_parser
+from ludic.parsers import regex_parser, think_move_parser, xml_tag_parser
 
 NOT_ONE_TAG = [
     "<move>B2</move><move>C3</move>",  # several
@@ -49,3 +49,13 @@ def test_unclosed_tags_are_rejected_in_linear_time():
     assert xml_tag_parser("move")("<move>B2</move>" + many).action is None  # stray tags: not one tag
     assert xml_tag_parser("move", exact=True)(many + "B2</move>").action is None
     assert think_move_parser()("<think>x</think>" + many).action is None
+
+
+def test_regex_parser_takes_the_whole_output_only():
+    cell = regex_parser(r"[A-C][1-3]", feedback="Answer with one cell such as B2.")
+    assert cell("B2").action == "B2"
+    assert cell(" c3\n").action == "c3"  # surrounding whitespace and case do not matter
+    for bad in ("B4", "B2 C3", "I play B2", "<move>B2</move>", "", "B2."):
+        r = cell(bad)
+        assert r.action is None and r.reward == -1.0 and r.obs == "Answer with one cell such as B2."
+    assert regex_parser(r"\d+", success_reward=0.1)("17").reward == 0.1

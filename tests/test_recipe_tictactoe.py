@@ -155,5 +155,7 @@ def test_recipe_prompts_are_the_same_in_sft_data_rl_and_exact_evaluation():
     assert answer_parser("move")("<move>B2</move>").action == "B2"
     assert answer_parser("move")("<think>x</think><move>B2</move>").action is None
     assert answer_parser("kind")("<think>block</think><move>A1</move>").action == "A1"
+    assert answer_parser("cell")("A1").action == "A1"
+    assert answer_parser("cell")("<move>A1</move>").action is None
     with pytest.raises(ValueError, match="answer must be"):
         answer_parser("essay")

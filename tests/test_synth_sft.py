@@ -124,5 +124,6 @@ def test_teacher_positions_cover_every_reachable_decision_and_never_lose():
                                      + "\nYou are X. Your move."}]
     assert short[0]["completion"] == "<think>centre</think><move>B2</move>"
     assert teacher_position_records("S", style="move")[0]["completion"] == "<move>B2</move>"
+    assert teacher_position_records("S", style="cell")[0]["completion"] == "B2"
     with pytest.raises(ValueError, match="answer style"):
         teacher_position_records("S", style="essay")

@@ -130,6 +130,28 @@ def think_move_parser(
     )
 
 
+def regex_parser(
+    pattern: str,
+    *,
+    feedback: str | None = None,
+    success_reward: float = 0.0,
+    error_reward: float = -1.0,
+) -> Parser:
+    """The whole output (ignoring surrounding whitespace and case) must match ``pattern``;
+    the stripped output is the action. The strictest parser for bare answers such as a
+    cell name (``regex_parser(r"[A-C][1-3]")``) or an action id (``regex_parser(r"\\d+")``)."""
+    compiled = re.compile(pattern, re.IGNORECASE)
+    message = feedback or f"Invalid answer: expected only an answer matching {pattern}."
+
+    def parse(raw: str) -> ParseResult:
+        text = raw.strip()
+        if not text or compiled.fullmatch(text) is None:
+            return ParseResult(None, error_reward, message)
+        return ParseResult(text, success_reward, None)
+
+    return parse
+
+
 def identity_parser(raw: str) -> ParseResult:
     """Pass the raw text through as the action."""
     return ParseResult(raw.strip(), 0.0, None)

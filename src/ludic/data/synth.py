@@ -116,11 +116,11 @@ def preferred_best_move(board: ttt.Board) -> int:
     return next(m for m in PREFERENCE if m in best)
 
 
-ANSWER_STYLES = ("think", "kind", "move")
+ANSWER_STYLES = ("think", "kind", "move", "cell")
 """How the teacher answers: ``think`` a templated sentence then the move
 (``<think>Block the O line at A1.</think><move>A1</move>``), ``kind`` the move's
 kind as the thought (``<think>block</think><move>A1</move>``), ``move`` the move
-alone (``<move>A1</move>``)."""
+alone (``<move>A1</move>``), ``cell`` the bare cell name (``A1``: 2 tokens + end of turn)."""
 
 
 def teacher_reply(board: ttt.Board, rng: random.Random | None = None, thoughts: bool = True,
@@ -137,6 +137,8 @@ def teacher_reply(board: ttt.Board, rng: random.Random | None = None, thoughts: 
         raise ValueError(f"answer style must be one of {ANSWER_STYLES}, got {style!r}")
     move = rng.choice(ttt.best_moves(board)) if rng is not None else preferred_best_move(board)
     c = ttt.coord(move)
+    if style == "cell":
+        return c
     answer = f"<move>{c}</move>"
     if style == "move":
         return answer

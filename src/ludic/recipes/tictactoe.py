@@ -26,7 +26,7 @@ from ludic.context import make_context
 from ludic.inference.client import ChatClient, SamplingParams
 from ludic.inference.models import DEFAULT_MODEL
 from ludic.interaction import SingleAgentProtocol
-from ludic.parsers import Parser, think_move_parser, xml_tag_parser
+from ludic.parsers import Parser, regex_parser, think_move_parser, xml_tag_parser
 from ludic.rollouts.batch import RolloutBatchSource
 from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
 from ludic.training.config import TrainerConfig
@@ -151,12 +151,15 @@ def tictactoe_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
 
 def answer_parser(answer: str = "think") -> Parser:
     """The strict parser of an answer style: ``move`` takes exactly ``<move>B2</move>``; ``think``
-    and ``kind`` take ``<think>...</think><move>B2</move>`` (see ``ludic.data.synth.ANSWER_STYLES``)."""
+    and ``kind`` take ``<think>...</think><move>B2</move>``; ``cell`` takes only a cell name
+    such as ``B2`` (see ``ludic.data.synth.ANSWER_STYLES``)."""
+    if answer == "cell":
+        return regex_parser(r"[A-C][1-3]", feedback="Invalid answer: reply with one cell name only, such as B2.")
     if answer == "move":
         return xml_tag_parser("move", exact=True)
     if answer in ("think", "kind"):
         return think_move_parser()
-    raise ValueError(f"answer must be think, kind or move, got {answer!r}")
+    raise ValueError(f"answer must be think, kind, move or cell, got {answer!r}")
 
 
 def make_agent(

@@ -31,7 +31,7 @@ from typing import Any
 
 from ludic.inference.models import DEFAULT_MODEL
 
-ANSWER_TOKENS = {"move": 12, "kind": 20, "think": 40}
+ANSWER_TOKENS = {"cell": 4, "move": 12, "kind": 20, "think": 40}
 """Reply limit per answer style (the teacher's longest answer plus a margin)."""
 
 

@@ -20,17 +20,57 @@ class LoraSettings:
     dropout: float = 0.0
     target_modules: str = "all-linear"
     """Comma-separated module names, or "all-linear"."""
+    top_layers: int = 0
+    """Adapt only the top N decoder layers (0: all). The backward pass then stops at the
+    lowest adapted layer: with half the layers, a training step costs about a third less."""
+
+
+def decoder_layers(model: Any) -> Any:
+    """The ModuleList of transformer blocks of an HF causal LM (peft-wrapped or not)."""
+    from ludic.inference.models import is_peft, unwrap
+
+    base = unwrap(model)
+    base = base.get_base_model() if is_peft(base) else base
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else getattr(base, "model", None)
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise ValueError(f"cannot find the decoder layers of {type(base).__name__}: expected .get_decoder().layers")
+    return layers
+
+
+def freeze_bottom(model: Any, layers: int) -> int:
+    """Freeze the input embeddings (and so a tied LM head) and the bottom ``layers`` decoder
+    layers: autograd then never goes below the lowest trainable layer, so a step skips their
+    backward pass. Returns the number of parameters left trainable."""
+    blocks = decoder_layers(model)
+    if not 0 <= layers < len(blocks):
+        raise ValueError(f"can freeze 0..{len(blocks) - 1} of the {len(blocks)} decoder layers, got {layers}")
+    if layers:
+        model.get_input_embeddings().weight.requires_grad_(False)
+        for block in blocks[:layers]:
+            for p in block.parameters():
+                p.requires_grad_(False)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def apply_lora(model: Any, lora: LoraSettings) -> Any:
     from peft import LoraConfig, get_peft_model
 
     targets: Any = lora.target_modules
+    extra: dict[str, Any] = {}
+    if lora.top_layers:
+        n = len(decoder_layers(model))
+        if not 0 < lora.top_layers <= n:
+            raise ValueError(f"LoRA top_layers must be 1..{n} for this model, got {lora.top_layers}")
+        if targets == "all-linear":  # peft takes a layer subset only with explicit module names
+            targets = ",".join(sorted({name.rsplit(".", 1)[-1] for name, m in decoder_layers(model).named_modules()
+                                       if isinstance(m, torch.nn.Linear)}))
+        extra["layers_to_transform"] = list(range(n - lora.top_layers, n))
     if targets != "all-linear":
         targets = [t.strip() for t in targets.split(",") if t.strip()]
     cfg = LoraConfig(
         r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-        target_modules=targets, task_type="CAUSAL_LM",
+        target_modules=targets, task_type="CAUSAL_LM", **extra,
     )
     return get_peft_model(model, cfg)
 

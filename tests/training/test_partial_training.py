@@ -1,0 +1,55 @@
+"""Training part of a model: frozen bottom layers and top-layer LoRA skip the backward below them."""
+
+import asyncio
+
+import pytest
+import torch
+
+from ludic.data.offline import OfflineBatchSource, sft_item
+from ludic.training.algorithms import make_sft
+from ludic.training.config import TrainerConfig
+from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, freeze_bottom, load_policy
+from ludic.training.trainer import Trainer
+
+
+def _sft_step(model, tok):
+    items = [sft_item({"messages": [{"role": "user", "content": f"Say {w}."}], "completion": w}, tok)
+             for w in ("yes", "no", "maybe", "never")]
+    trainer = Trainer(model, make_sft(), OfflineBatchSource(items, 4, seed=0), TrainerConfig(lr=1e-2),
+                      pad_token_id=tok.pad_token_id)
+    asyncio.run(trainer.train_step())
+
+
+def test_freeze_bottom_trains_only_the_top_layers(tiny_model_dir):
+    model, tok = load_policy(tiny_model_dir, dtype="float32")
+    blocks = decoder_layers(model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    total = sum(p.numel() for p in model.parameters())
+    left = freeze_bottom(model, len(blocks) - 1)
+    top = sum(p.numel() for p in blocks[-1].parameters())
+    assert left == total - model.get_input_embeddings().weight.numel() - sum(
+        p.numel() for b in blocks[:-1] for p in b.parameters())
+    assert top <= left < total
+    _sft_step(model, tok)
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    top_prefix = [n for n, _ in model.named_parameters() if ".layers." in n][-1].split(".layers.")[0]
+    last = f"{top_prefix}.layers.{len(blocks) - 1}."
+    assert changed and all(n.startswith(last) or ".layers." not in n for n in changed)
+    assert not any("embed" in n for n in changed)
+    with pytest.raises(ValueError, match="decoder layers"):
+        freeze_bottom(model, len(blocks))
+
+
+def test_lora_top_layers_adapts_only_those_layers(tiny_model_dir):
+    model, tok = load_policy(tiny_model_dir, dtype="float32")
+    n = len(decoder_layers(model))
+    model = apply_lora(model, LoraSettings(rank=4, alpha=8, top_layers=1))
+    adapted = {name.split(".layers.")[1].split(".")[0] for name, p in model.named_parameters()
+               if p.requires_grad}
+    assert adapted == {str(n - 1)}
+    assert len(decoder_layers(model)) == n  # found through the peft wrapper
+    kinds = {name.split(".lora_")[0].rsplit(".", 1)[-1] for name, p in model.named_parameters() if p.requires_grad}
+    assert {"q_proj", "down_proj"} <= kinds  # every linear of the block, as "all-linear" would
+    _sft_step(model, tok)
+    with pytest.raises(ValueError, match="top_layers"):
+        apply_lora(load_policy(tiny_model_dir, dtype="float32")[0], LoraSettings(top_layers=n + 1))
