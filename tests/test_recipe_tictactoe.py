@@ -90,10 +90,18 @@ def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path):
         assert set(stage) == {"minimax", "random", "teacher_positions"}
         assert stage["minimax"]["x/decisions"] >= 1 and stage["teacher_positions"]["positions"] == 335
     assert set(report["seconds"]) >= {"datagen", "sft", "rl", "eval_base", "eval_sft", "eval_rl", "eval_curve"}
-    assert report["sft_steps"] == 4 and report["rl_steps"] == 2
-    # the curve: base, one point during SFT, the SFT evaluation, one per RL round (minimax only), the final one
-    assert [c["stage"] for c in report["curve"]] == ["base", "sft", "sft", "rl", "rl", "rl"]
-    assert "random_non_loss_rate" not in report["curve"][3] and "random_non_loss_rate" in report["curve"][5]
+    assert report["sft_steps"] == 4 and report["rl_steps"] == 2 and report["rl_kept_step"] in (0, 1, 2)
+    # the curve: base, one point during SFT, the SFT evaluation, one per RL round (minimax only), then the
+    # closing evaluation: of the best round's adapter (0: the SFT policy). When that is the last round,
+    # the closing evaluation adds random to the last round's point instead of evaluating again.
+    kept, curve = report["rl_kept_step"], report["curve"]
+    stages = ["base", "sft", "sft", "rl", "rl"] + ([] if kept == 2 else ["rl"])
+    assert [c["stage"] for c in curve] == stages
+    assert "random_non_loss_rate" not in curve[3] and "random_non_loss_rate" in curve[-1]
+    ref = [c for c in curve[:5] if (c["stage"], c["step"]) == (("rl", kept) if kept else ("sft", 4))][-1]
+    for key in ("minimax_non_loss_rate", "value_preserving_rate", "best_move_rate"):
+        assert curve[-1][key] == ref[key], key  # the kept adapter is what was saved and evaluated
+    assert report["results"]["rl"]["minimax"]["non_loss_rate"] == curve[-1]["minimax_non_loss_rate"]
     for name in ("report.md", "report.json", "learning_curves.png", "sft/metrics.jsonl", "rl/metrics.jsonl",
                  "decisions_sft_minimax.jsonl", "rl/final/adapter_config.json", "sft/final/config.json"):
         assert (run / name).exists(), name

@@ -3,9 +3,10 @@
     0. base: exact evaluation (greedy policy vs minimax and vs random, both seats, every
        opponent branch) and the policy's move on the 335 teacher positions
     1. teacher data: the solver's move on every position it can ever face (history-free prompts)
-    2. SFT (full fine-tuning) on that data; the per-position accuracy is traced as it trains
+    2. SFT on that data, of the top half of the layers (the bottom half and the embeddings are
+       frozen: no backward through them); the per-position accuracy is traced as it trains
     3. exact evaluation of the SFT policy
-    4. RL: a LoRA adapter on top, trained in rounds of position-level GRPO with the solver's
+    4. RL: a LoRA adapter on the top half of the layers, trained in rounds of position-level GRPO with the solver's
        reward on the decisions the policy still gets wrong (found by the exact evaluations
        and the teacher positions): a curriculum built from failures
     5. exact evaluation; report.md, report.json and learning_curves.png
@@ -31,6 +32,9 @@ from typing import Any
 
 from ludic.inference.models import DEFAULT_MODEL
 
+CALIBRATION_STEPS = 6
+"""SFT steps timed before the step count is fitted to the budget (their median, the first left out)."""
+
 ANSWER_TOKENS = {"cell": 4, "move": 12, "kind": 20, "think": 40}
 """Reply limit per answer style (the teacher's longest answer plus a margin)."""
 
@@ -50,9 +54,9 @@ class RecipeConfig:
     """Prompt view: last (latest board only) for this recipe; truncated runs the seed's workflow."""
     system_prompt: str = "Tic-tac-toe."
     """Every prompt token is paid at every step: the board says the rest."""
-    answer: str = "move"
-    """Teacher answer style: move (<move>B2</move>), kind (<think>block</think><move>B2</move>) or
-    think (a templated sentence, then the move)."""
+    answer: str = "cell"
+    """Teacher answer style: cell (B2: 2 tokens + end of turn), move (<move>B2</move>), kind
+    (<think>block</think><move>B2</move>) or think (a templated sentence, then the move)."""
     compact: bool = True
     """Compact board rendering (fewer prompt tokens)."""
     show_moves: bool = False
@@ -61,6 +65,9 @@ class RecipeConfig:
     """SFT optimizer steps (0: from the budget)."""
     sft_batch_size: int = 16
     sft_lr: float = 2e-4
+    sft_frozen_share: float = 0.5
+    """Share of the decoder layers, from the bottom, frozen in SFT with the embeddings: no
+    backward through them (0.5 of SmolLM2-135M's 30 layers: a step costs about a third less)."""
     curve_points: int = 4
     """Per-position accuracy measurements during SFT (each answers the 335 teacher positions)."""
     rl_rounds: int = 0
@@ -73,6 +80,8 @@ class RecipeConfig:
     rl_lr: float = 2e-4
     rl_temperature: float = 1.0
     lora_rank: int = 16
+    lora_layer_share: float = 0.5
+    """Share of the decoder layers, from the top, that carry the RL adapter (1: all), for the same reason."""
     eval_base: bool = True
     micro_token_budget: int = 4096
     logger: str = "rich"
@@ -116,7 +125,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
     from ludic.training.loggers import make_logger
-    from ludic.training.lora import LoraSettings, apply_lora, load_policy
+    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, freeze_bottom, load_policy
     from ludic.training.trainer import Trainer
 
     if cfg.answer not in ANSWER_TOKENS:
@@ -153,28 +162,35 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     # ------------------------------------------------------------------ 2. SFT
     t_sft = time.perf_counter()
     sft_dir = run_dir / "sft"
+    n_layers = len(decoder_layers(model))
+    frozen = min(n_layers - 1, round(cfg.sft_frozen_share * n_layers))
+    trainable = freeze_bottom(model, frozen)
+    print(f"[recipe] SFT trains {trainable / 1e6:.1f}M parameters ({frozen} of {n_layers} layers "
+          f"{'and the embeddings ' if frozen else ''}frozen)", flush=True)
     source = OfflineBatchSource(items, cfg.sft_batch_size, seed=cfg.seed)
     fixed = cfg.sft_steps or math.ceil(3 * len(items) / cfg.sft_batch_size)
     tcfg = TrainerConfig(lr=cfg.sft_lr, lr_schedule="cosine", micro_token_budget=cfg.micro_token_budget,
                          total_steps=fixed, warmup_steps=3)
     trainer = Trainer(model, make_sft(), source, tcfg, checkpoint_dir=None, tokenizer=tok,
                       pad_token_id=tok.pad_token_id)
-    calibrate = bool(cfg.budget_minutes and not cfg.sft_steps)  # the step count is known after 3 steps
+    calibrate = bool(cfg.budget_minutes and not cfg.sft_steps)  # the step count is known after a few steps
     sft_logger = make_logger(cfg.logger, sft_dir, asdict(tcfg), total_steps=None if calibrate else fixed)
     sft_budget = cfg.sft_share * clock.left()
     def curve_steps(total: int) -> set[int]:
         return {max(1, round(total * (k + 1) / cfg.curve_points)) for k in range(cfg.curve_points - 1)}
 
-    steps, step, curve_at = fixed, 0, curve_steps(fixed)
+    steps, step, curve_at, step_times = fixed, 0, curve_steps(fixed), []
     while step < steps:
         m = await trainer.train_step()
         step = trainer.step
         sft_logger.log(step, {"loss": m["loss"], "learning_rate": m["lr"], "step_s": m["step_s"],
                               "epoch": step * cfg.sft_batch_size / len(items)})
-        if step == 3 and calibrate:  # fit the steps to the budget
-            per_step = (time.perf_counter() - t_sft) / 3
+        step_times.append(m["step_s"])
+        if step == CALIBRATION_STEPS and calibrate:  # fit the steps to the budget
+            per_step = sorted(step_times[1:])[len(step_times[1:]) // 2]  # the first step warms up
             per_curve = ev.positions_seconds or 20.0
-            steps = max(6, int((sft_budget - cfg.curve_points * per_curve) / per_step))
+            left = sft_budget - (time.perf_counter() - t_sft) - cfg.curve_points * per_curve
+            steps = max(step, step + int(left / per_step))
             trainer.cfg.total_steps = steps
             curve_at = curve_steps(steps)
             sft_logger.log(step, {"planned_steps": steps})
@@ -196,7 +212,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     t_rl = time.perf_counter()
     for p in model.parameters():
         p.requires_grad_(False)
-    model = apply_lora(model, LoraSettings(rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank))
+    model = apply_lora(model, LoraSettings(rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank,
+                                           top_layers=max(1, round(cfg.lora_layer_share * n_layers))))
     engine.model = model
     rl_dir = run_dir / "rl"
     rl_cfg = PositionRLConfig(positions_per_step=cfg.positions_per_step, group_size=cfg.group_size,
@@ -208,6 +225,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     rounds = cfg.rl_rounds or cfg.max_rl_rounds
     final_eval_s = clock.seconds["eval_sft"]  # what the closing full evaluation will take, about
     focus, pool, round_s = sft_eval.focus, sft_eval.pool, 0.0
+    best = (sft_eval.score(), 0, trainable_state(model))  # (score, RL batches, adapter) of the best round
     for r in range(rounds):
         if not focus and not pool:
             print(f"[recipe] RL round {r + 1}: no wrong decision left", flush=True)
@@ -220,21 +238,27 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         # between rounds: the teacher positions and minimax only (the failures that lose games)
         round_eval = await ev.evaluate("rl", rl.steps, opponents=("minimax",))
         clock.add("eval_rl", time.perf_counter() - t_eval)
+        if round_eval.score() > best[0]:
+            best = (round_eval.score(), rl.steps, trainable_state(model))
         focus = round_eval.focus
         pool = list(dict.fromkeys(round_eval.pool + [b for b in pool if b not in set(round_eval.focus)]))
         round_s = time.perf_counter() - t0
         print(f"[recipe] RL round {r + 1}: {len(focus)} wrong vs minimax + {len(pool)} others left, "
               f"{round_s:.0f} s, {clock.left() / 60:.1f} min left", flush=True)
     rl_logger.close()
+    kept = best[1]
+    if kept != rl.steps:  # a later round lost ground: keep the best round's adapter
+        load_trainable_state(model, best[2])
+        print(f"[recipe] RL: keeping the adapter after batch {kept} (the best exact evaluation)", flush=True)
     model.save_pretrained(rl_dir / "final")
     clock.add("rl", time.perf_counter() - t_rl - clock.seconds.get("eval_rl", 0.0))
     t0 = time.perf_counter()
-    await ev.evaluate("rl", rl.steps)
+    await ev.evaluate("rl", kept)
     clock.add("eval_rl", time.perf_counter() - t0)
 
     report = {"results": ev.stage_results, "seconds": clock.seconds, "total_seconds": clock.elapsed(),
               "budget_seconds": clock.budget_s, "sft_steps": step, "sft_epochs": step * cfg.sft_batch_size / len(items),
-              "rl_steps": rl.steps, "sft_records": len(items), "prompt_tokens": prompt_tokens,
+              "rl_steps": rl.steps, "rl_kept_step": kept, "sft_records": len(items), "prompt_tokens": prompt_tokens,
               "answer_tokens": answer_tokens, "curve": ev.curve, "machine": machine(), "config": asdict(cfg)}
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     write_report(run_dir, report)
@@ -250,6 +274,26 @@ class StageEval:
     def __init__(self, metrics: dict[str, dict[str, float]], focus: list, pool: list) -> None:
         self.metrics, self.focus, self.pool = metrics, focus, pool
 
+    def score(self) -> tuple[float, float, float]:
+        """What RL maximises, in order: exact non-loss against minimax, then value-preserving and
+        legal moves on the teacher positions (the rounds' checkpoints are compared by it)."""
+        tp = self.metrics["teacher_positions"]
+        return self.metrics["minimax"]["non_loss_rate"], tp["value_preserving_rate"], tp["legal_rate"]
+
+
+def trainable_state(model: Any) -> dict[str, Any]:
+    """A copy of the trainable parameters (the RL adapter): a checkpoint in memory."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trainable_state(model: Any, state: dict[str, Any]) -> None:
+    import torch
+
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for n, value in state.items():
+            params[n].copy_(value)
+
 
 class Evaluator:
     """Exact evaluations (vs minimax and random, both seats) and the teacher-position sweep,
@@ -261,6 +305,7 @@ class Evaluator:
         self.stage_results: dict[str, dict[str, dict[str, float]]] = {}
         self.curve: list[dict[str, Any]] = []
         self.positions_seconds = 0.0
+        self._last: tuple | None = None  # ((stage, step), results, wrong games, wrong positions)
 
     async def positions(self, stage: str, step: int = 0) -> tuple[dict[str, float], list]:
         """The policy's move on every teacher position: legal, best and value-preserving rates."""
@@ -270,6 +315,7 @@ class Evaluator:
         score = await score_positions(self.client, self.teacher, self.view)
         self.positions_seconds = time.perf_counter() - t0
         rates = score.rates()
+        self._last = None
         self.curve.append({"stage": stage, "step": step, "t": time.perf_counter() - self.t0,
                            "best_move_rate": rates["best_move_rate"],
                            "value_preserving_rate": rates["value_preserving_rate"]})
@@ -277,13 +323,20 @@ class Evaluator:
 
     async def evaluate(self, stage: str, step: int = 0, opponents: tuple[str, ...] = ("minimax", "random")) -> StageEval:
         """Teacher positions, then exact evaluations against ``opponents``; ``stage_results[stage]``
-        keeps the stage's latest full evaluation (both opponents)."""
+        keeps the stage's latest full evaluation (both opponents). The same ``(stage, step)`` asked
+        again (the closing evaluation right after the last RL round's) reuses what was measured."""
         from ludic.eval.tictactoe_exact import exact_eval
 
-        rates, wrong = await self.positions(stage, step)
-        out: dict[str, dict[str, float]] = {"teacher_positions": rates}
-        wrong_games: dict[str, list] = {"minimax": [], "random": []}
+        if self._last is not None and self._last[0] == (stage, step):
+            out, wrong_games, wrong = self._last[1], self._last[2], self._last[3]
+            rates = out["teacher_positions"]
+        else:
+            rates, wrong = await self.positions(stage, step)
+            out, wrong_games = {"teacher_positions": rates}, {"minimax": [], "random": []}
+            self._last = ((stage, step), out, wrong_games, wrong)
         for opponent in opponents:
+            if opponent in out:
+                continue
             res = await exact_eval(self.client, ctx="last", system_prompt=self.view.system_prompt,
                                    compact=self.view.compact, show_opponent_move=False, show_moves=self.view.show_moves,
                                    opponent=opponent, max_tokens=self.view.max_tokens,
@@ -370,7 +423,9 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
           f"{budget} |\n\n"
         f"SFT: {report['sft_steps']} steps ({report['sft_epochs']:.1f} epochs) on {report['sft_records']} positions, "
         f"{report['prompt_tokens']:.0f} prompt + {report['answer_tokens']:.0f} answer tokens each. "
-        f"RL: {report['rl_steps']} position-level GRPO batches.\n\n"
+        f"RL: {report['rl_steps']} position-level GRPO batches in rounds, each round evaluated exactly against "
+        f"minimax; the adapter of the best round is kept (here after batch {report['rl_kept_step']}; 0 is the SFT "
+        "policy itself).\n\n"
         f"Evaluate the result again (or against random) with:\n\n```\n{eval_command(run_dir, report['config'])}\n```\n\n"
         f"Machine: {m['cpus']} CPUs ({', '.join(m['isa']) or 'no AVX2'}), {m['torch_threads']} torch threads, "
         f"torch {m['torch']}, dtype {report['config']['dtype']}.\n\n![learning curves](learning_curves.png)\n"
