@@ -48,7 +48,7 @@ class RecipeConfig:
     budget_minutes: float = 27.0
     """Wall-time budget of the whole recipe, evaluations included: SFT and RL steps are set
     from the step times measured in this run (0: use --sft-steps / --rl-rounds as given)."""
-    sft_share: float = 0.5
+    sft_share: float = 0.25
     """Share of the budget left after the base evaluation that goes to SFT (the rest: RL and evaluations)."""
     ctx: str = "last"
     """Prompt view: last (latest board only) for this recipe; truncated runs the seed's workflow."""
