@@ -53,3 +53,24 @@ def test_lora_top_layers_adapts_only_those_layers(tiny_model_dir):
     _sft_step(model, tok)
     with pytest.raises(ValueError, match="top_layers"):
         apply_lora(load_policy(tiny_model_dir, dtype="float32")[0], LoraSettings(top_layers=n + 1))
+
+
+def test_optimizer_is_fused_adamw_with_the_reference_update(tiny_model_dir):
+    from ludic.training.trainer import make_optimizer
+
+    model, _ = load_policy(tiny_model_dir, dtype="float32")
+    params = [p for p in model.parameters()]
+    reference = [p.detach().clone().requires_grad_(True) for p in params]
+    torch.manual_seed(0)
+    for p, r in zip(params, reference):
+        p.grad = torch.randn_like(p)
+        r.grad = p.grad.clone()
+    cfg = TrainerConfig(lr=1e-2, weight_decay=0.1)
+    opt = make_optimizer(params, cfg)
+    assert opt.defaults["fused"] is True  # plain CPU tensors: one fused kernel, not a per-tensor loop
+    ref = torch.optim.AdamW(reference, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, foreach=False)
+    for _ in range(3):
+        opt.step()
+        ref.step()
+    for p, r in zip(params, reference):
+        torch.testing.assert_close(p.detach(), r.detach(), rtol=1e-5, atol=1e-6)

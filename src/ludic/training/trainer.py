@@ -70,6 +70,16 @@ def policy_gradient_objective(
 _SUMMED = {"loss", "policy_loss", "kl_loss", "entropy_loss"}
 
 
+def make_optimizer(params: list[Any], cfg: TrainerConfig) -> torch.optim.Optimizer:
+    """AdamW, fused (one kernel over all tensors) where torch has it for these parameters: plain
+    tensors on CPU or CUDA. On CPU torch otherwise loops tensor by tensor: measured 554 ms against
+    36 ms per step for SmolLM2-135M's top 15 layers, a third of an SFT step. Sharded (DTensor)
+    parameters keep torch's default."""
+    plain = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params)
+    kwargs = {"fused": True} if plain else {}
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, **kwargs)
+
+
 class Trainer:
     """Optimises ``model`` on batches from ``batch_source`` with ``algorithm``'s loss.
 
@@ -132,9 +142,7 @@ class Trainer:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("Trainer: the model has no trainable parameters")
-        self.optimizer = torch.optim.AdamW(
-            params, lr=self.cfg.lr, betas=self.cfg.betas, weight_decay=self.cfg.weight_decay
-        )
+        self.optimizer = make_optimizer(params, self.cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
 
     # -- schedule -----------------------------------------------------------
