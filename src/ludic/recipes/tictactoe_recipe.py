@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -187,7 +188,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
                               "epoch": step * cfg.sft_batch_size / len(items)})
         step_times.append(m["step_s"])
         if step == CALIBRATION_STEPS and calibrate:  # fit the steps to the budget
-            per_step = sorted(step_times[1:])[len(step_times[1:]) // 2]  # the first step warms up
+            per_step = statistics.median(step_times[1:])  # the first step warms up
             per_curve = ev.positions_seconds or 20.0
             left = sft_budget - (time.perf_counter() - t_sft) - cfg.curve_points * per_curve
             steps = max(step, step + int(left / per_step))

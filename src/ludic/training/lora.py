@@ -59,11 +59,12 @@ def apply_lora(model: Any, lora: LoraSettings) -> Any:
     targets: Any = lora.target_modules
     extra: dict[str, Any] = {}
     if lora.top_layers:
-        n = len(decoder_layers(model))
+        blocks = decoder_layers(model)
+        n = len(blocks)
         if not 0 < lora.top_layers <= n:
             raise ValueError(f"LoRA top_layers must be 1..{n} for this model, got {lora.top_layers}")
         if targets == "all-linear":  # peft takes a layer subset only with explicit module names
-            targets = ",".join(sorted({name.rsplit(".", 1)[-1] for name, m in decoder_layers(model).named_modules()
+            targets = ",".join(sorted({name.rsplit(".", 1)[-1] for name, m in blocks.named_modules()
                                        if isinstance(m, torch.nn.Linear)}))
         extra["layers_to_transform"] = list(range(n - lora.top_layers, n))
     if targets != "all-linear":

@@ -72,9 +72,9 @@ _SUMMED = {"loss", "policy_loss", "kl_loss", "entropy_loss"}
 
 def make_optimizer(params: list[Any], cfg: TrainerConfig) -> torch.optim.Optimizer:
     """AdamW, fused (one kernel over all tensors) where torch has it for these parameters: plain
-    tensors on CPU or CUDA. On CPU torch otherwise loops tensor by tensor: measured 554 ms against
-    36 ms per step for SmolLM2-135M's top 15 layers, a third of an SFT step. Sharded (DTensor)
-    parameters keep torch's default."""
+    tensors on CPU or CUDA. On CPU torch otherwise loops tensor by tensor: an optimizer step over
+    SmolLM2-135M's top 15 layers measured 554 ms against 36 ms fused, and an SFT step of the
+    recipe 1.56-1.62 s against 1.31-1.47 s. Sharded (DTensor) parameters keep torch's default."""
     plain = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params)
     kwargs = {"fused": True} if plain else {}
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, **kwargs)
