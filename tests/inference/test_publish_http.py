@@ -19,18 +19,24 @@ WEIGHTS = {"w": torch.zeros(4)}
 ROUTE = "/ludic/upload_weights"
 
 
+class _Seen(list):
+    """A list the scripted server can hang the request bodies on."""
+
+
 @contextmanager
 def scripted_server(actions: list):
     """Answers the i-th request with ``actions[i]``: ``(status, json_body)``, or ``"drop"`` (read the
-    request, then close the connection without an answer, like a server that dies mid-push)."""
-    seen: list[str] = []
+    request, then close the connection without an answer, like a server that dies mid-push).
+    Yields (url, seen): the requests' "METHOD path" lines, their bodies in ``seen.bodies``."""
+    seen: list[str] = _Seen()
+    bodies: list[bytes] = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
             self.do_POST()
 
         def do_POST(self) -> None:  # noqa: N802
-            self.rfile.read(int(self.headers.get("content-length", 0)))
+            bodies.append(self.rfile.read(int(self.headers.get("content-length", 0))))
             seen.append(f"{self.command} {self.path}")
             action = actions[len(seen) - 1]
             if action == "drop":
@@ -52,6 +58,7 @@ def scripted_server(actions: list):
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     try:
+        seen.bodies = bodies  # type: ignore[attr-defined]
         yield f"http://127.0.0.1:{srv.server_port}", seen
     finally:
         srv.shutdown()
@@ -118,3 +125,26 @@ def test_unreachable_server_is_recorded_and_skipped() -> None:
         url = f"http://127.0.0.1:{s.getsockname()[1]}"  # bound, not listening: connection refused
         stats = publisher(url, retries=1).publish(WEIGHTS, 1)
     assert url in stats["errors"] and "Connect" in stats["errors"][url]
+
+
+def test_publish_folder_sends_the_saved_file_or_its_path(tmp_path) -> None:
+    """publish_folder pushes a folder saved earlier: its bytes to an upload server, its path to
+    a path server; a folder without model.safetensors and the NCCL transport are refused."""
+    from safetensors.torch import load, save_file
+
+    save_file(WEIGHTS, str(tmp_path / "model.safetensors"))
+    with scripted_server([(200, {"version": 3})]) as (url, seen):
+        stats = publisher(url).publish_folder(tmp_path, 3)
+        body = seen.bodies[0]
+    assert seen == [f"POST {ROUTE}?version=3&force=0"] and stats["servers"][url]["version"] == 3
+    assert body == (tmp_path / "model.safetensors").read_bytes() and torch.equal(load(body)["w"], WEIGHTS["w"])
+
+    with scripted_server([(200, {"version": 4})]) as (url, seen):
+        pub = VLLMFullWeightsPublisher(url, transport="path", token="t")
+        pub.publish_folder(tmp_path, 4, force=True)
+        assert json.loads(seen.bodies[0]) == {"path": str(tmp_path.resolve()), "version": 4, "force": True}
+
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        publisher("http://127.0.0.1:9").publish_folder(tmp_path / "missing", 1)
+    with pytest.raises(ValueError, match="NCCL"):
+        VLLMFullWeightsPublisher("http://127.0.0.1:9", transport="nccl").publish_folder(tmp_path, 1)

@@ -477,16 +477,17 @@ def test_repeated_push_of_an_applied_version_is_idempotent(server: VLLMServerPro
 async def test_push_retried_after_a_read_timeout_succeeds(server: VLLMServerProcess, base_weights: Path,
                                                           weights_root: Path) -> None:
     """The first attempt times out while the server drains a long request; the server applies it
-    anyway, so the publisher's retry must succeed (already applied) instead of dying on a 409."""
-    from safetensors.torch import load_file
+    anyway, so the publisher's retry must succeed (already applied) instead of dying on a 409.
 
-    weights = load_file(str(base_weights / "model.safetensors"))
+    The push is of the already saved base folder (publish_folder): inside the drain window it
+    is HTTP only. Merging and writing 270 MB there once stalled behind the engine's generation
+    for the whole window in CI (the file was written the second the request was cancelled)."""
     pub = VLLMFullWeightsPublisher([server.url], weights_root / "retry", token=TOKEN, transport="path",
                                    timeout_s=1.0, retries=10, backoff_s=0.25)
     async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=300) as http:
         v = (await http.get("/ludic/policy")).json()["version"]
         async with long_request(http):
-            push = asyncio.create_task(asyncio.to_thread(pub.publish, weights, v + 1))
+            push = asyncio.create_task(asyncio.to_thread(pub.publish_folder, base_weights, v + 1))
             # attempt 1 holds the lock, draining (a push that ended first says why in the failure)
             await until(http, lambda p: p["updating"] == "full_weights" or push.done(), timeout_s=180.0)
             assert not push.done(), (push.exception() or push.result(), server.log_path.read_text()[-3000:])

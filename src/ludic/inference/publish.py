@@ -325,8 +325,6 @@ class VLLMFullWeightsPublisher(_HTTPPublisher):
         sd = merged_state_dict(model, self.dtype)
         t1 = time.perf_counter()
         modes = {u: self._mode(u) for u in self.urls}
-        results: dict[str, Any] = {}
-        errors: dict[str, str] = {}
         folder = self.out_dir / f"v{version:07d}"
         if "path" in modes.values():
             tmp = folder.with_name(folder.name + ".tmp")
@@ -337,6 +335,44 @@ class VLLMFullWeightsPublisher(_HTTPPublisher):
             tmp.rename(folder)
         blob = save(sd, metadata={"format": "pt"}) if "upload" in modes.values() else None
         t2 = time.perf_counter()
+        results, errors = self._send(modes, folder, blob, sd, version, force)
+        t3 = time.perf_counter()
+        if "path" in modes.values():
+            _prune(self.out_dir, self.keep_last)
+        self.last_version = version
+        return {"version": version, "kind": "full", "transport": sorted(set(modes.values())),
+                "extract_s": t1 - t0, "serialize_s": t2 - t1, "push_s": t3 - t2,
+                "total_s": t3 - t0, "bytes": sum(v.numel() * v.element_size() for v in sd.values()),
+                "servers": results, "errors": errors}
+
+    def publish_folder(self, folder: str | os.PathLike, version: int, *,
+                       force: bool = False) -> dict[str, Any]:
+        """Push full weights already saved as ``folder/model.safetensors`` (a checkpoint, an
+        SFT result): path-mode servers load the folder itself, so it must lie under their
+        ``--ludic-allowed-weight-dir``; upload-mode servers get the file's bytes. Nothing is
+        merged or serialised here, so the push is only HTTP. Not for the NCCL transport."""
+        if (skipped := self._skipped(version)) is not None:
+            return skipped
+        folder = Path(folder).resolve()
+        file = folder / "model.safetensors"
+        if not file.is_file():
+            raise FileNotFoundError(f"publish_folder: {file} does not exist")
+        modes = {u: self._mode(u) for u in self.urls}
+        if "nccl" in modes.values():
+            raise ValueError("publish_folder sends a saved folder; the NCCL transport streams a "
+                             "state dict: use publish(model, version)")
+        t0 = time.perf_counter()
+        blob = file.read_bytes() if "upload" in modes.values() else None
+        results, errors = self._send(modes, folder, blob, None, version, force)
+        self.last_version = version
+        return {"version": version, "kind": "full", "transport": sorted(set(modes.values())),
+                "push_s": time.perf_counter() - t0, "bytes": file.stat().st_size,
+                "servers": results, "errors": errors}
+
+    def _send(self, modes: dict[str, str], folder: Path, blob: bytes | None,
+              sd: dict[str, torch.Tensor] | None, version: int,
+              force: bool) -> tuple[dict[str, Any], dict[str, str]]:
+        """POST (or NCCL-send) one version to every server in parallel; (results, errors)."""
 
         def kw_for(url: str) -> dict[str, Any]:
             if modes[url] == "path":
@@ -344,6 +380,8 @@ class VLLMFullWeightsPublisher(_HTTPPublisher):
             return {"content": blob, "params": {"version": int(version), "force": int(force)},
                     "headers": {"content-type": "application/octet-stream"}}
 
+        results: dict[str, Any] = {}
+        errors: dict[str, str] = {}
         lock = threading.Lock()
 
         def one(url: str) -> None:
@@ -361,14 +399,7 @@ class VLLMFullWeightsPublisher(_HTTPPublisher):
 
         with ThreadPoolExecutor(max_workers=len(self.urls)) as ex:
             list(ex.map(one, self.urls))
-        t3 = time.perf_counter()
-        if "path" in modes.values():
-            _prune(self.out_dir, self.keep_last)
-        self.last_version = version
-        return {"version": version, "kind": "full", "transport": sorted(set(modes.values())),
-                "extract_s": t1 - t0, "serialize_s": t2 - t1, "push_s": t3 - t2,
-                "total_s": t3 - t0, "bytes": sum(v.numel() * v.element_size() for v in sd.values()),
-                "servers": results, "errors": errors}
+        return results, errors
 
     def _nccl_for(self, url: str) -> "NCCLTransport":
         if url not in self._nccl:
