@@ -167,3 +167,49 @@ def test_recipe_prompts_are_the_same_in_sft_data_rl_and_exact_evaluation():
     assert answer_parser("cell")("<move>A1</move>").action is None
     with pytest.raises(ValueError, match="answer must be"):
         answer_parser("essay")
+
+
+def test_position_batches_repeat_the_focus_up_to_its_share():
+    """batch_boards: focus first (repeated up to focus_share of the batch), then the pool, then
+    replay_fraction of replay; nothing at all when there is nothing to fix."""
+    import random
+
+    from ludic.data.synth import teacher_positions
+    from ludic.recipes.tictactoe_positions import PositionRLConfig, batch_boards
+
+    boards = teacher_positions()
+    focus, pool, replay = boards[:1], boards[1:21], boards[21:]
+    cfg = PositionRLConfig(positions_per_step=16, replay_fraction=0.25, focus_share=0.5)
+    got = batch_boards(focus, pool, replay, cfg, random.Random(0))
+    assert len(got) == 16 and got[:8] == focus * 8
+    assert set(got[8:12]) <= set(pool) and len(set(got[8:12])) == 4 and set(got[12:]) <= set(replay)
+    plain = batch_boards(focus, pool, replay, PositionRLConfig(positions_per_step=16), random.Random(0))
+    assert plain.count(focus[0]) == 1 and len(plain) == 16 and len(set(plain[1:12]) & set(pool)) == 11
+    many = batch_boards(boards[:12], [], replay, cfg, random.Random(0))  # more focus than its share: no repeats
+    assert len(set(many[:12])) == 12 and len(many) == 16
+    assert batch_boards([], [], replay, cfg, random.Random(0)) == []
+
+
+def test_position_grpo_with_kl_keeps_solved_groups_and_reports_kl(tiny_model_dir, tmp_path):
+    """kl_coef > 0: every group is trained on (solved ones carry only the KL anchor to the policy
+    RL started from, the adapter switched off), and the step reports the KL; without it the
+    zero-advantage groups are dropped."""
+    import asyncio
+
+    from ludic.data.synth import teacher_positions
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.recipes.tictactoe_positions import PositionGRPO, PositionRLConfig, View
+    from ludic.training.lora import LoraSettings, load_policy
+
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    engine = TransformersEngine(model, tok, batch_wait_s=0.05)
+    view = View("Tic-tac-toe.", compact=True, show_moves=False, max_tokens=4, answer="cell")
+    boards = teacher_positions()
+    for kl, expect_all in ((0.1, True), (0.0, False)):
+        cfg = PositionRLConfig(positions_per_step=2, group_size=2, kl_coef=kl, replay_fraction=0.0,
+                               trainer=TrainerConfig(lr=1e-4, micro_token_budget=4096))
+        rl = PositionGRPO(model, tok, engine, view, cfg, tmp_path / f"kl{kl}")
+        m = asyncio.run(rl.run(1, pool=boards[:4]))
+        # the random tiny model answers illegally: every sample scores the same, zero advantage
+        assert m["num_rollouts"] == 4 and m["num_items_filtered"] == (0 if expect_all else 4), m
+        assert ("kl" in m) is expect_all, m

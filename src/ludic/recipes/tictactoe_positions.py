@@ -18,6 +18,7 @@ from failures: once a decision is fixed, the games it unlocks expose the next.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -104,9 +105,17 @@ class PositionRLConfig:
     replay_fraction: float = 0.25
     """Share of each batch drawn from ``replay`` positions (already right: sampled mistakes
     there are corrected too, which guards against forgetting)."""
+    focus_share: float = 0.0
+    """Least share of each batch's groups given to ``focus`` positions: when there are fewer focus
+    positions than that, they are repeated (several groups of the same decision), so the last few
+    mistakes get most of the signal instead of one group in sixteen."""
     group_size: int = 8
     temperature: float = 1.0
     algorithm: str = "grpo"
+    kl_coef: float = 0.0
+    """KL penalty to the policy RL started from (the adapter switched off). When > 0, groups whose
+    samples all score the same are kept: they carry no advantage but their KL term anchors the
+    decisions already right while the wrong ones move."""
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-4, max_grad_norm=1.0))
     seed: int = 0
 
@@ -135,13 +144,14 @@ class PositionGRPO:
         def factory() -> SingleAgentProtocol:
             return SingleAgentProtocol(view.agent(client, cfg.temperature))
 
-        algo = make_algorithm(cfg.algorithm)
+        algo = make_algorithm(cfg.algorithm, **({"kl_coef": cfg.kl_coef} if cfg.kl_coef else {}))
         run_dir.mkdir(parents=True, exist_ok=True)
         engine = RolloutEngine({"single_agent": factory}, concurrency=cfg.positions_per_step * cfg.group_size,
                                jsonl_path=run_dir / "rollouts.jsonl")
         source = RolloutBatchSource(engine, self._requests, algo.credit,
                                     strategy=GRPORequestStrategy(cfg.group_size, cfg.seed),
-                                    sample_filter=drop_zero_weight, metrics_fn=_position_metrics)
+                                    sample_filter=None if cfg.kl_coef else drop_zero_weight,
+                                    metrics_fn=_position_metrics)
         tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or total_steps)
         self.trainer = Trainer(model, algo, source, tcfg, publisher=publisher, logger=logger, tokenizer=tokenizer,
                                pad_token_id=tokenizer.pad_token_id, checkpoint_dir=None)
@@ -149,11 +159,7 @@ class PositionGRPO:
         self.trainer.cfg.max_empty_steps = 10**9
 
     def _requests(self) -> list[RolloutRequest]:
-        n = self.cfg.positions_per_step
-        n_replay = min(len(self.replay), round(n * self.cfg.replay_fraction)) if self.focus or self.pool else 0
-        boards = self.rng.sample(self.focus, min(n - n_replay, len(self.focus)))
-        boards += self.rng.sample(self.pool, min(n - n_replay - len(boards), len(self.pool)))
-        boards += self.rng.sample(self.replay, n_replay)
+        boards = batch_boards(self.focus, self.pool, self.replay, self.cfg, self.rng)
         return [RolloutRequest(EnvSpec("tictactoe_position", self.view.env_kwargs(b)), max_steps=1) for b in boards]
 
     async def run(self, steps: int, pool: Sequence[ttt.Board], replay: Sequence[ttt.Board] = (),
@@ -175,6 +181,21 @@ class PositionGRPO:
             if on_step is not None:
                 on_step(self.steps, last)
         return last
+
+
+def batch_boards(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: Sequence[ttt.Board],
+                 cfg: PositionRLConfig, rng: random.Random) -> list[ttt.Board]:
+    """One batch's positions (one GRPO group each): the ``focus`` positions first, repeated up to
+    ``cfg.focus_share`` of the batch, then ``pool`` positions, then ``cfg.replay_fraction`` of
+    ``replay`` positions (none when there is nothing to fix)."""
+    n = cfg.positions_per_step
+    n_replay = min(len(replay), round(n * cfg.replay_fraction)) if focus or pool else 0
+    boards = rng.sample(list(focus), min(n - n_replay, len(focus)))
+    if boards:
+        want = min(n - n_replay, math.ceil(n * cfg.focus_share))
+        boards += [focus[i % len(focus)] for i in range(max(0, want - len(boards)))]
+    boards += rng.sample(list(pool), min(n - n_replay - len(boards), len(pool)))
+    return boards + rng.sample(list(replay), n_replay)
 
 
 def _position_metrics(rollouts: Sequence[Any]) -> dict[str, float]:

@@ -440,10 +440,13 @@ class Trainer:
                  "trainer_config": asdict(self.cfg)}
         if hasattr(self.source, "state_dict"):
             state["source_state"] = self.source.state_dict()
-        return save_checkpoint(
+        path = save_checkpoint(
             self.checkpoint_dir, self.step, model=self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, tokenizer=self.tokenizer, state=state, max_to_keep=self.cfg.max_to_keep,
         )
+        if hasattr(self.source, "on_checkpoint"):  # e.g. the pipeline acknowledges what this checkpoint holds
+            self.source.on_checkpoint(path)
+        return path
 
     def resume(self, path: str | Path | None = None) -> bool:
         """Load ``path`` (or the latest checkpoint in ``checkpoint_dir``); True if one was loaded."""

@@ -1,0 +1,157 @@
+"""The learner's BatchSource over the Redis sample stream, with acknowledgement after checkpoint.
+
+    source = PipelineBatchSource(SampleReader(streams), batch_size=32, max_lag=2,
+                                 version_fn=lambda: trainer.policy_version,
+                                 ledger_path=ckpt_dir / "pipeline_ledger.jsonl")
+    trainer = Trainer(model, algo, source, cfg, checkpoint_dir=ckpt_dir)
+    trainer.resume()            # acks the resumed checkpoint's entries again (a crash may have hit
+                                # between the checkpoint and its XACK), so none is trained twice
+    await trainer.train(1000)   # each checkpoint on disk -> XACK of every entry it consumed
+
+Every entry read is, by the next checkpoint, one of: trained (in a batch of a checkpointed
+step), dropped as stale (its oldest sampled token more than ``max_lag`` versions behind the
+learner), or dropped as malformed (counted and logged with its id). The checkpoint's source
+state holds that window's ids; after the checkpoint is on disk they are acknowledged and
+appended to the ledger (one JSON line per checkpoint). Entries read after the last checkpoint
+stay pending in Redis: a learner killed before its next checkpoint gets them back on restart
+and trains them in the steps it redoes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ludic.pipeline.streams import SampleReader
+from ludic.pipeline.wire import MalformedEntry
+from ludic.types import SAWBatch, SAWItem
+
+log = logging.getLogger(__name__)
+
+
+def _empty_window() -> dict[str, list]:
+    return {"batches": [], "stale": [], "malformed": []}
+
+
+class PipelineBatchSource:
+    """Batches of ``batch_size`` items pulled from the sample stream.
+
+    Args:
+        reader: the learner's ``SampleReader``.
+        batch_size: items per batch (the trainer's step).
+        version_fn: the learner's current policy version (for ``max_lag``).
+        max_lag: drop items whose oldest sampled token is more than this many versions
+            behind (None: keep all; the trainer's own ``max_lag`` check then sees them).
+        block_ms: how long one read waits for new entries.
+        timeout_s: give up (TimeoutError) when a batch is not complete after this long
+            (None: wait for the actors forever).
+        ledger_path: JSONL of what each checkpoint consumed (None: no ledger).
+    """
+
+    def __init__(self, reader: SampleReader, batch_size: int, *, version_fn: Callable[[], int] = lambda: 0,
+                 max_lag: int | None = None, block_ms: int = 500, timeout_s: float | None = None,
+                 ledger_path: str | Path | None = None) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.reader, self.batch_size, self.version_fn = reader, batch_size, version_fn
+        self.max_lag, self.block_ms, self.timeout_s = max_lag, block_ms, timeout_s
+        self.ledger_path = Path(ledger_path) if ledger_path else None
+        self.window = _empty_window()
+        self.commit = 0  # checkpoints whose entries were acknowledged
+        self.totals = {"trained": 0, "stale": 0, "malformed": 0}
+
+    async def next_batch(self) -> SAWBatch:
+        t0 = time.perf_counter()
+        items: list[SAWItem] = []
+        ids: list[str] = []
+        stale: list[str] = []
+        malformed: list[str] = []
+        lags: list[int] = []
+        while len(items) < self.batch_size:
+            if self.timeout_s is not None and time.perf_counter() - t0 > self.timeout_s:
+                raise TimeoutError(f"PipelineBatchSource: {len(items)} of {self.batch_size} items after "
+                                   f"{self.timeout_s}s (are the actors running?)")
+            rows = await asyncio.to_thread(self.reader.read, self.batch_size - len(items), self.block_ms)
+            version = self.version_fn()
+            for entry_id, x in rows:
+                if isinstance(x, MalformedEntry):
+                    malformed.append(entry_id)
+                    log.warning("pipeline: skipping malformed entry %s: %s", entry_id, x)
+                    continue
+                oldest = x.min_policy_version
+                lag = 0 if oldest is None else version - oldest
+                if self.max_lag is not None and lag > self.max_lag:
+                    stale.append(entry_id)
+                    continue
+                lags.append(lag)
+                items.append(x)
+                ids.append(entry_id)
+        self.window["batches"].append(ids)
+        self.window["stale"] += stale
+        self.window["malformed"] += malformed
+        self.totals["trained"] += len(ids)
+        self.totals["stale"] += len(stale)
+        self.totals["malformed"] += len(malformed)
+        seen = len(ids) + len(stale) + len(malformed)
+        meta = {"num_items": len(items), "pipeline_wait_s": time.perf_counter() - t0,
+                "pipeline_stale_share": len(stale) / max(seen, 1), "pipeline_stale_dropped": len(stale),
+                "pipeline_malformed": len(malformed), "pipeline_lag_mean": sum(lags) / max(len(lags), 1),
+                "pipeline_lag_max": max(lags, default=0), "pipeline_unread": self.reader.streams.unread()}
+        return SAWBatch(items=items, meta=meta)
+
+    # ------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """What this checkpoint consumed since the previous one (acknowledged once it is on disk)."""
+        return {"commit": self.commit + 1, "window": self.window, "totals": dict(self.totals)}
+
+    def on_checkpoint(self, path: Path | None = None) -> None:
+        """The checkpoint holding ``state_dict()`` is on disk: acknowledge its entries."""
+        self._commit(self.commit + 1, self.window)
+        self.window = _empty_window()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: acknowledge the checkpoint's entries again (idempotent), so a crash between a
+        checkpoint and its XACK cannot make the learner train them twice."""
+        self.totals = dict(state.get("totals", self.totals))
+        self.window = _empty_window()
+        self._commit(int(state["commit"]), state["window"])
+
+    def _commit(self, commit: int, window: dict[str, list]) -> None:
+        ids = [i for b in window["batches"] for i in b] + window["stale"] + window["malformed"]
+        self.reader.ack(ids)
+        if self.ledger_path is not None and commit > self._ledger_commit():
+            self.ledger_path.parent.mkdir(parents=True, exist_ok=True)
+            torn = self.ledger_path.exists() and not self.ledger_path.read_bytes().endswith(b"\n")
+            with open(self.ledger_path, "a") as f:
+                f.write(("\n" if torn else "") + json.dumps({"commit": commit, **window}) + "\n")
+                f.flush()
+        self.commit = commit
+
+    def _ledger_commit(self) -> int:
+        if self.ledger_path is None or not self.ledger_path.exists():
+            return 0
+        for line in reversed(self.ledger_path.read_text().splitlines()):
+            try:
+                return int(json.loads(line)["commit"])
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn line (a kill in the middle of a write)
+        return 0
+
+
+def read_ledger(path: str | Path) -> dict[str, set[str]]:
+    """The ids a learner's ledger says it consumed: trained, stale and malformed (a torn last line,
+    from a kill in the middle of a write, is skipped: that commit is re-written on resume)."""
+    out: dict[str, set[str]] = {"trained": set(), "stale": set(), "malformed": set()}
+    for line in Path(path).read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # torn
+        out["trained"].update(i for b in rec["batches"] for i in b)
+        out["stale"].update(rec["stale"])
+        out["malformed"].update(rec["malformed"])
+    return out

@@ -1,0 +1,182 @@
+"""The pipeline's wire format, Redis streams and learner source, against a real redis-server."""
+
+import json
+import pickle
+
+import pytest
+
+from ludic.pipeline.source import PipelineBatchSource, read_ledger
+from ludic.pipeline.streams import SampleReader, SampleWriter
+from ludic.pipeline.wire import SCHEMA, MalformedEntry, decode_item, encode_item
+from ludic.types import SAWItem
+
+
+def item(k: int, version: int = 0, n: int = 3) -> SAWItem:
+    return SAWItem(prompt_ids=(1, 2, k), completion_ids=tuple(range(10, 10 + n)), weight=0.5 * k,
+                   logprobs=tuple(-0.25 * i for i in range(n)), policy_versions=(version,) * n,
+                   meta={"rollout_id": f"r{k}", "reward": 1.0}, action_mask=(1,) * (n - 1) + (0,),
+                   token_weights=(0.5 * k,) * n, episode_share=0.5, temperature=0.7, top_k=5)
+
+
+def test_wire_round_trip_and_malformed_entries():
+    it = item(3, version=7)
+    back = decode_item(encode_item(it))
+    assert back == it
+    bare = SAWItem(prompt_ids=(1,), completion_ids=(2, 3), weight=1.0)
+    assert decode_item(encode_item(bare)) == bare
+    assert decode_item({k.decode(): v for k, v in encode_item(it).items()}) == it  # str keys too
+
+    good = encode_item(it)
+    broken = {
+        "schema": {**good, b"schema": b"ludic.saw/0"},
+        "head": {**good, b"head": b"{not json"},
+        "pickle": {b"schema": SCHEMA, b"head": pickle.dumps({"arrays": []})},
+        "missing array": {k: v for k, v in good.items() if k != b"logprobs"},
+        "odd bytes": {**good, b"completion_ids": good[b"completion_ids"][:-1]},
+        "unknown array": {**good, b"head": json.dumps({**json.loads(good[b"head"]),
+                                                        "arrays": ["prompt_ids", "evil"]}).encode()},
+        "lengths": {**good, b"logprobs": good[b"logprobs"][:4]},
+    }
+    for name, fields in broken.items():
+        with pytest.raises(MalformedEntry):
+            decode_item(fields)
+        print(name, "->", "MalformedEntry")
+
+
+def test_backpressure_never_trims(streams):
+    """A writer waits while max_unread entries are undelivered; nothing is ever trimmed."""
+    writer = SampleWriter(streams, max_unread=3, poll_s=0.01)
+    reader = SampleReader(streams)
+    ids = writer.push([item(k) for k in range(3)])
+    assert streams.unread() == 3 and not writer.wait_for_room(timeout_s=0.2)
+    got = reader.read(2)
+    assert [i for i, _ in got] == ids[:2] and streams.unread() == 1
+    assert writer.wait_for_room(timeout_s=1.0)
+    ids += writer.push([item(k) for k in range(3, 8)], wait=False)
+    assert streams.redis.xlen(streams.samples) == 8 and streams.all_ids() == ids
+    assert streams.pending_ids() == ids[:2]
+
+
+def test_a_restarted_reader_gets_its_pending_entries_first(streams):
+    writer = SampleWriter(streams, max_unread=100)
+    ids = writer.push([item(k) for k in range(6)])
+    first = SampleReader(streams)
+    assert [i for i, _ in first.read(4)] == ids[:4]
+    first.ack(ids[:1])
+    again = SampleReader(streams)  # a new process of the same learner
+    got = [i for i, _ in again.read(2)] + [i for i, _ in again.read(2)] + [i for i, _ in again.read(10)]
+    assert got == ids[1:]  # pending (unacked) ones first, in order, then the undelivered
+
+
+def test_weight_announcements(streams):
+    assert streams.latest_weights() is None
+    assert streams.wait_weights(block_ms=50) is None
+    first = streams.announce_weights(1, {"adapter": "/w/v1"})
+    streams.announce_weights(2, {"adapter": "/w/v2"})
+    version, info, entry = streams.latest_weights()
+    assert version == 2 and info == {"adapter": "/w/v2"}
+    assert streams.wait_weights(after=first, block_ms=50)[:2] == (2, {"adapter": "/w/v2"})
+    assert streams.wait_weights(after=entry, block_ms=50) is None
+
+
+async def test_source_drops_stale_and_malformed_and_acks_after_checkpoint(streams, tmp_path):
+    """Accounting: produced = trained in checkpointed batches + stale + malformed + pending."""
+    writer = SampleWriter(streams, max_unread=100)
+    version = {"v": 5}
+    fresh = writer.push([item(k, version=4) for k in range(4)])
+    old = writer.push([item(9, version=1)])  # 4 versions behind: stale with max_lag 2
+    bad = [writer.push_raw({b"schema": b"nope"})]
+    late = writer.push([item(k, version=5) for k in range(3)])
+    ledger = tmp_path / "ledger.jsonl"
+    source = PipelineBatchSource(SampleReader(streams), batch_size=3, max_lag=2, version_fn=lambda: version["v"],
+                                 ledger_path=ledger)
+    b1 = await source.next_batch()
+    b2 = await source.next_batch()
+    assert [it.meta["rollout_id"] for it in b1.items] == ["r0", "r1", "r2"]
+    assert [it.meta["rollout_id"] for it in b2.items] == ["r3", "r0", "r1"]
+    assert b2.meta["pipeline_stale_dropped"] == 1 and b2.meta["pipeline_malformed"] == 1
+    assert streams.pending_ids() == fresh + old + bad + late[:2]  # nothing acked before a checkpoint
+    state = source.state_dict()
+    source.on_checkpoint()
+    assert streams.pending_ids() == []
+    consumed = read_ledger(ledger)
+    assert consumed["trained"] == set(fresh + late[:2]) and consumed["stale"] == set(old)
+    assert consumed["malformed"] == set(bad)
+    produced = set(streams.all_ids())
+    assert produced == consumed["trained"] | consumed["stale"] | consumed["malformed"] | set(late[2:])
+    assert state["commit"] == 1 and source.totals == {"trained": 6, "stale": 1, "malformed": 1}
+
+    # a crash between the checkpoint and its XACK: the resumed learner acks again, nothing twice
+    more = writer.push([item(k, version=5) for k in range(2)])
+    b = await source.next_batch()
+    assert [it.meta["rollout_id"] for it in b.items] == ["r2", "r0", "r1"]
+    mid = source.state_dict()
+    assert streams.pending_ids() == late[2:] + more
+    resumed = PipelineBatchSource(SampleReader(streams), batch_size=1, version_fn=lambda: 5, ledger_path=ledger)
+    resumed.load_state_dict(mid)  # the checkpoint was written, the ack never happened
+    assert streams.pending_ids() == [] and resumed.commit == 2
+    assert [json.loads(x)["commit"] for x in ledger.read_text().splitlines()] == [1, 2]
+    resumed.load_state_dict(mid)  # idempotent: no second ledger line
+    assert len(ledger.read_text().splitlines()) == 2
+
+
+async def test_source_times_out_without_actors(streams):
+    source = PipelineBatchSource(SampleReader(streams), batch_size=2, block_ms=50, timeout_s=0.3)
+    with pytest.raises(TimeoutError, match="0 of 2 items"):
+        await source.next_batch()
+
+
+def test_redis_kill_9_with_aof_always_loses_nothing(redis_server):
+    """Entries, the group's pending list and acknowledgements survive kill -9 of Redis."""
+    from ludic.pipeline.streams import PipelineStreams
+
+    s = PipelineStreams(redis_server.url, prefix="k")
+    ids = SampleWriter(s, max_unread=100).push([item(k) for k in range(10)])
+    reader = SampleReader(s)
+    reader.read(6)
+    reader.ack(ids[:3])
+    redis_server.kill()
+    redis_server.start()
+    s2 = PipelineStreams(redis_server.url, prefix="k")
+    assert s2.all_ids() == ids and s2.pending_ids() == ids[3:6] and s2.unread() == 4
+    again = SampleReader(s2)
+    assert [i for i, _ in again.read(10)] == ids[3:6]
+    assert [i for i, _ in again.read(10)] == ids[6:]
+
+
+async def test_trainer_acks_only_checkpointed_steps_and_resume_trains_nothing_twice(streams, tiny_model_dir, tmp_path):
+    """A real Trainer over the stream: entries of a checkpointed step are acknowledged after the
+    checkpoint is on disk; those of a step after it stay pending and come back to a restarted
+    learner, which resumes at the checkpoint's step."""
+    from ludic.training.algorithms import make_algorithm
+    from ludic.training.config import TrainerConfig
+    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.trainer import Trainer
+
+    ids = SampleWriter(streams, max_unread=100).push(
+        [SAWItem(prompt_ids=(5, 6, 7), completion_ids=(8, 9), weight=1.0 if k % 2 else -1.0, logprobs=(-1.0, -1.0),
+                 policy_versions=(0, 0), meta={"rollout_id": f"r{k}"}) for k in range(6)])
+    ckpt = tmp_path / "ckpt"
+
+    def learner():
+        model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+        cfg = TrainerConfig(lr=1e-3, checkpoint_every=2, max_lag=4)
+        trainer = Trainer(model, make_algorithm("grpo"), None, cfg, checkpoint_dir=ckpt, tokenizer=tok,
+                          pad_token_id=tok.pad_token_id)
+        trainer.source = PipelineBatchSource(SampleReader(streams), batch_size=2, ledger_path=ckpt / "ledger.jsonl",
+                                             version_fn=lambda: trainer.policy_version, max_lag=4)
+        return trainer
+
+    t = learner()
+    await t.train_step()
+    assert streams.pending_ids() == ids[:2]  # trained, not checkpointed: still pending
+    await t.train_step()  # step 2: checkpoint, then XACK
+    assert streams.pending_ids() == [] and read_ledger(ckpt / "ledger.jsonl")["trained"] == set(ids[:4])
+    await t.train_step()  # step 3 is lost in the crash below
+    assert streams.pending_ids() == ids[4:]
+
+    restarted = learner()
+    assert restarted.resume() and restarted.step == 2
+    m = await restarted.train_step()  # retrains step 3 from the pending entries
+    assert restarted.step == 3 and m["num_items"] == 2 and streams.pending_ids() == ids[4:]
+    assert read_ledger(ckpt / "ledger.jsonl")["trained"] == set(ids[:4])
