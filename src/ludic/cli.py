@@ -2,6 +2,9 @@
 
     ludic train tictactoe [flags]     GRPO + LoRA on tic-tac-toe
     ludic train prompts [flags]       GRPO on a JSONL prompt dataset with a reward function
+    ludic train tictactoe --pipeline N  pipeline RL: Redis, N actor processes, this one learns
+    ludic actor tictactoe [flags]     pipeline actor: roll out, push to Redis, follow the weights
+    ludic learner tictactoe [flags]   pipeline learner: train on Redis batches, checkpoint, announce
     ludic eval tictactoe [flags]      win / draw / loss / illegal / parse-error rates (--exact: enumerated)
     ludic datagen tictactoe [flags]   SFT data: rejection sampling or the solver teacher
     ludic datagen thinktactoe [flags] ThinkTacToe-format SFT / DPO / GRPO / minimax datasets
@@ -26,8 +29,28 @@ def _train_tictactoe(argv: list[str]) -> None:
     from ludic.recipes.tictactoe import TrainTicTacToeConfig, train
 
     cfg = parse_config(TrainTicTacToeConfig, argv, prog="ludic train tictactoe")
-    metrics = train(cfg)
+    if cfg.pipeline:
+        from ludic.recipes.tictactoe_pipeline import run_local
+
+        metrics = run_local(cfg)
+    else:
+        metrics = train(cfg)
     print(json.dumps({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, indent=2))
+
+
+def _actor_tictactoe(argv: list[str]) -> None:
+    from ludic.recipes.tictactoe import TrainTicTacToeConfig
+    from ludic.recipes.tictactoe_pipeline import run_actor
+
+    run_actor(parse_config(TrainTicTacToeConfig, argv, prog="ludic actor tictactoe"))
+
+
+def _learner_tictactoe(argv: list[str]) -> None:
+    from ludic.recipes.tictactoe import TrainTicTacToeConfig
+    from ludic.recipes.tictactoe_pipeline import run_learner
+
+    out = run_learner(parse_config(TrainTicTacToeConfig, argv, prog="ludic learner tictactoe"))
+    print(json.dumps({k: v for k, v in out.items() if isinstance(v, (int, float, dict))}, indent=2))
 
 
 def _train_prompts(argv: list[str]) -> None:
@@ -108,6 +131,8 @@ def _model_prepare(argv: list[str]) -> None:
 COMMANDS: dict[tuple[str, ...], Callable[[list[str]], None]] = {
     ("train", "tictactoe"): _train_tictactoe,
     ("train", "prompts"): _train_prompts,
+    ("actor", "tictactoe"): _actor_tictactoe,
+    ("learner", "tictactoe"): _learner_tictactoe,
     ("eval", "tictactoe"): _eval_tictactoe,
     ("datagen", "tictactoe"): _datagen_tictactoe,
     ("datagen", "thinktactoe"): _datagen_thinktactoe,

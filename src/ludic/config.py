@@ -114,3 +114,24 @@ def parse_config(cls: type[T], argv: list[str] | None = None, prog: str | None =
 def dump_config(cfg: Any, path: str | Path) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(dataclasses.asdict(cfg), indent=2, default=str))
+
+
+def to_argv(cfg: Any) -> list[str]:
+    """Flags that ``parse_config(type(cfg), ...)`` turns back into ``cfg`` (sections flattened):
+    how a process hands its configuration to the processes it starts."""
+    argv: list[str] = []
+    hints = typing.get_type_hints(type(cfg))
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        tp, _ = _base_type(hints[f.name])
+        if dataclasses.is_dataclass(tp):
+            argv += to_argv(value)
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if tp is bool:
+            argv.append(flag if value else "--no-" + f.name.replace("_", "-"))
+        elif isinstance(value, tuple):
+            argv += [flag, ",".join(map(str, value))]
+        else:
+            argv += [flag, "none" if value is None else str(value)]
+    return argv

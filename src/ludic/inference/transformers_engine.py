@@ -72,6 +72,7 @@ class TransformersEngine:
         self._wakeup: asyncio.Event | None = None
         self._runner: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._gen_lock: asyncio.Lock | None = None  # held while a batch generates (swap_weights waits)
         self.stats = {"batches": 0, "sequences": 0, "tokens": 0, "seconds": 0.0}
 
     @property
@@ -84,6 +85,7 @@ class TransformersEngine:
         if self._loop is not loop or self._runner is None or self._runner.done():
             self._loop = loop
             self._wakeup = asyncio.Event()
+            self._gen_lock = asyncio.Lock()
             self._runner = loop.create_task(self._run())
         prompt = list(request.prompt_ids) if request.prompt_ids is not None else render_ids(
             self._tokenizer, request.messages
@@ -104,14 +106,28 @@ class TransformersEngine:
                 batch = self._queue[: self.max_batch_size]
                 del self._queue[: len(batch)]
                 try:
-                    results = await asyncio.to_thread(
-                        self.generate, [p.prompt_ids for p in batch], [p.request.sampling for p in batch]
-                    )
+                    assert self._gen_lock is not None
+                    async with self._gen_lock:
+                        results = await asyncio.to_thread(
+                            self.generate, [p.prompt_ids for p in batch], [p.request.sampling for p in batch]
+                        )
                 except Exception as e:  # surface as failed requests, keep serving
                     results = [ChatResponse.failed(f"{type(e).__name__}: {e}", tuple(p.prompt_ids)) for p in batch]
                 for p, r in zip(batch, results):
                     if not p.future.done():
                         p.future.set_result(r)
+
+    async def swap_weights(self, load: Any, version: int) -> None:
+        """Run ``load()`` (which changes the model's weights) between two generation batches and
+        tag the tokens generated after it with ``version``: an update in flight, as in PipelineRL.
+        Requests already queued, or the next turns of running episodes, get the new weights."""
+        loop = asyncio.get_running_loop()
+        if self._gen_lock is None or self._loop is not loop:
+            self._loop, self._gen_lock = loop, asyncio.Lock()
+            self._wakeup, self._runner = asyncio.Event(), loop.create_task(self._run())
+        async with self._gen_lock:
+            await asyncio.to_thread(load)
+            self.policy_version = version
 
     # -- batched generation -------------------------------------------------
     @torch.no_grad()

@@ -45,7 +45,8 @@ class PipelineBatchSource:
         batch_size: items per batch (the trainer's step).
         version_fn: the learner's current policy version (for ``max_lag``).
         max_lag: drop items whose oldest sampled token is more than this many versions
-            behind (None: keep all; the trainer's own ``max_lag`` check then sees them).
+            behind (None: keep all). Items from versions ahead of the learner (sampled with
+            weights a learner announced and then died before checkpointing) are dropped too.
         block_ms: how long one read waits for new entries.
         timeout_s: give up (TimeoutError) when a batch is not complete after this long
             (None: wait for the actors forever).
@@ -84,7 +85,8 @@ class PipelineBatchSource:
                     continue
                 oldest = x.min_policy_version
                 lag = 0 if oldest is None else version - oldest
-                if self.max_lag is not None and lag > self.max_lag:
+                if lag < 0 or (self.max_lag is not None and lag > self.max_lag):  # < 0: from weights
+                    # a resumed learner never checkpointed (it announced them, then died)
                     stale.append(entry_id)
                     continue
                 lags.append(lag)

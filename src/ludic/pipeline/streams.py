@@ -45,13 +45,22 @@ class PipelineStreams:
         url: ``redis://host:port/db``.
         prefix: namespaces the run's keys (several runs can share a Redis).
         group: the learner's consumer group on the sample stream.
+        retries_on_redis_down: attempts (backoff up to 2 s each) before a command gives up on
+            an unreachable Redis. A write retried after a connection died mid-command may be
+            stored twice (the actors' side is at least once); reads and acks are idempotent.
     """
 
-    def __init__(self, url: str, *, prefix: str = "ludic", group: str = "learner") -> None:
+    def __init__(self, url: str, *, prefix: str = "ludic", group: str = "learner",
+                 retries_on_redis_down: int = 40) -> None:
         import redis
+        from redis.backoff import ExponentialBackoff
+        from redis.retry import Retry
 
         self.url, self.prefix, self.group = url, prefix, group
-        self.redis = redis.Redis.from_url(url, socket_timeout=None)
+        # a restarting Redis (kill -9, then AOF reload) is waited for, up to about a minute
+        self.redis = redis.Redis.from_url(
+            url, socket_timeout=None, retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), retries_on_redis_down),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError])
         self.samples = f"{prefix}:samples"
         self.weights = f"{prefix}:weights"
 

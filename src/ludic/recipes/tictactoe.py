@@ -117,6 +117,21 @@ class TrainTicTacToeConfig:
     port: int = 0
     """vLLM server port (0: start a server for this run)."""
     seed: int = 0
+    pipeline: int = 0
+    """Pipeline RL: this many actor processes roll out and push to Redis while this process
+    learns (0: synchronous). ``ludic actor`` / ``ludic learner`` run the parts on other hosts."""
+    redis_url: str = ""
+    """The pipeline's Redis (empty with --pipeline: start a redis-server in <run_dir>/redis)."""
+    stream_prefix: str = "ludic-tictactoe"
+    """Namespaces the run's Redis keys."""
+    max_unread: int = 64
+    """Actors wait while this many items wait for the learner (backpressure; streams are never trimmed)."""
+    actor_id: str = ""
+    """ludic actor: this actor's name in item meta and logs (default: actor-<pid>)."""
+    actor_batches: int = 0
+    """ludic actor: batches to push before exiting (0: until stopped)."""
+    batch_timeout_s: float = 0.0
+    """ludic learner: fail when a batch is not complete after this long (0: wait for actors forever)."""
 
 
 def tictactoe_outcome(r: Rollout) -> str:
@@ -266,19 +281,14 @@ async def _train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
         await inference.close()
 
 
-async def grpo_stage(
-    cfg: TrainTicTacToeConfig, model: Any, tok: Any, inference: Any, run_dir: Path, logger: Any
-) -> dict[str, Any]:
-    """GRPO on an already loaded (LoRA-wrapped) model with a ready inference backend.
-
-    Returns the last step's metrics, plus ``eval_random/*`` and ``eval_minimax/*``
-    when ``cfg.eval_episodes`` > 0; writes ``summary.json``.
-    """
+def rollout_source(cfg: TrainTicTacToeConfig, client: ChatClient, model: Any, tok: Any,
+                   run_dir: Path) -> tuple[Any, Any, Any]:
+    """(RolloutBatchSource, algorithm, league or None): games against cfg's opponents, GRPO
+    groups, credit and filter; what ``ludic train`` trains on and what a pipeline actor pushes."""
     from ludic.recipes.tictactoe_opponents import opponent_metrics, opponent_requests
     from ludic.training.algorithms import make_algorithm
-    from ludic.training.trainer import Trainer
 
-    factory = make_protocol_factory(inference.client, cfg.ctx, cfg.train_temperature, cfg.max_completion_tokens,
+    factory = make_protocol_factory(client, cfg.ctx, cfg.train_temperature, cfg.max_completion_tokens,
                                     **prompting(cfg))
     engine = RolloutEngine({"single_agent": factory}, concurrency=cfg.concurrency,
                            jsonl_path=run_dir / "rollouts.jsonl")
@@ -293,13 +303,26 @@ async def grpo_stage(
                 for _ in range(n)]
 
     # --opponent self / --opponent-pool: self-play, league and bot games (None for a bot --opponent)
-    pool = opponent_requests(cfg, engine, inference.client, model, tok, run_dir)
-    league = pool.league if pool is not None else None
+    pool = opponent_requests(cfg, engine, client, model, tok, run_dir)
     source = RolloutBatchSource(
         engine, pool or bot_requests, algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
         sample_filter=algo.sample_filter, metrics_fn=tictactoe_metrics if pool is None else opponent_metrics,
         merge_turns=cfg.merge_turns,
     )
+    return source, algo, (pool.league if pool is not None else None)
+
+
+async def grpo_stage(
+    cfg: TrainTicTacToeConfig, model: Any, tok: Any, inference: Any, run_dir: Path, logger: Any
+) -> dict[str, Any]:
+    """GRPO on an already loaded (LoRA-wrapped) model with a ready inference backend.
+
+    Returns the last step's metrics, plus ``eval_random/*`` and ``eval_minimax/*``
+    when ``cfg.eval_episodes`` > 0; writes ``summary.json``.
+    """
+    from ludic.training.trainer import Trainer
+
+    source, algo, league = rollout_source(cfg, inference.client, model, tok, run_dir)
     tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
                    norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.max_completion_tokens * cfg.max_steps_per_episode)
     trainer = Trainer(

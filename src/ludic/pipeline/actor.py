@@ -1,0 +1,230 @@
+"""Actors and the learner of pipeline RL, joined only by Redis (and the weights' folder or
+inference server the announcements name).
+
+Actor: roll out with its own engine, assign credit, push SAW items (``SampleWriter`` waits while
+the learner is behind), and follow the weight stream: a new version is swapped into the engine
+between two generation batches, even in the middle of an episode, and every token keeps the
+version that produced it. Actors hold no state that matters: a restarted one loads the newest
+announced weights and goes on.
+
+Learner: a ``Trainer`` whose batches come from ``PipelineBatchSource`` and whose publisher is
+``AnnouncingPublisher`` (save the weights, then announce them). Entries are acknowledged when the
+checkpoint holding their step is on disk.
+
+    # actor process                                   # learner process
+    actor = Actor(streams, rollout_source, engine,    trainer = make_learner(model, tok, algo, cfg,
+                  model=model)                                               streams, run_dir, batch_size=32)
+    await actor.run()                                 trainer.resume(); await trainer.train(steps)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ludic.pipeline.source import PipelineBatchSource
+from ludic.pipeline.streams import PipelineStreams, SampleReader, SampleWriter
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- weights
+
+
+class AnnouncingPublisher:
+    """The learner's publisher: write version ``v``'s weights under ``out_dir/v<v>`` (a peft
+    adapter, or full weights as safetensors), then announce them on the weight stream. With
+    ``inner`` (e.g. a ``VLLMAdapterPublisher``), that publisher pushes to the inference servers
+    first and the announcement only carries the version."""
+
+    def __init__(self, streams: PipelineStreams, out_dir: str | Path, *, inner: Any = None, keep_last: int = 3) -> None:
+        self.streams, self.out_dir, self.inner, self.keep_last = streams, Path(out_dir).resolve(), inner, keep_last
+        self.last_version: int | None = None
+
+    def publish(self, model: Any, version: int, *, force: bool = False) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        if self.inner is not None:
+            out = self.inner.publish(model, version, force=force) or {}
+            info: dict[str, Any] = {"kind": "server"}
+        else:
+            info = save_weights(model, self.out_dir / f"v{version:07d}")
+            out = {}
+            _prune_versions(self.out_dir, self.keep_last)
+        entry = self.streams.announce_weights(version, info)
+        self.last_version = version
+        return {**out, "version": version, "announce_id": entry, "total_s": time.perf_counter() - t0}
+
+
+def save_weights(model: Any, folder: Path) -> dict[str, Any]:
+    """Save a peft adapter (``save_pretrained``) or full weights; atomic (tmp + rename)."""
+    import shutil
+
+    from ludic.inference.models import is_peft, unwrap
+    from ludic.inference.publish import merged_state_dict
+
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    m = unwrap(model)
+    if is_peft(m):
+        m.save_pretrained(tmp)
+        kind = "adapter"
+    else:
+        from safetensors.torch import save_file
+
+        tmp.mkdir(parents=True)
+        save_file(merged_state_dict(m, dtype=None), str(tmp / "model.safetensors"))
+        kind = "full"
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return {"kind": kind, "path": str(folder)}
+
+
+def load_weights(model: Any, info: dict[str, Any]) -> None:
+    """Load what ``save_weights`` wrote into ``model`` (in place)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from ludic.inference.models import unwrap
+
+    folder = Path(info["path"])
+    m = unwrap(model)
+    with torch.no_grad():
+        if info["kind"] == "adapter":
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(m, load_file(str(folder / "adapter_model.safetensors")))
+        elif info["kind"] == "full":
+            missing, unexpected = m.load_state_dict(load_file(str(folder / "model.safetensors")), strict=False)
+            if unexpected:
+                raise ValueError(f"{folder}: weights the model does not have: {unexpected[:5]}")
+        else:
+            raise ValueError(f"unknown weights kind {info['kind']!r} in announcement {info}")
+
+
+def _prune_versions(root: Path, keep: int) -> None:
+    import shutil
+
+    dirs = sorted(d for d in root.glob("v*") if d.is_dir() and not d.name.endswith(".tmp"))
+    for d in dirs[: max(0, len(dirs) - keep)]:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+class WeightFollower:
+    """Applies each newer announcement to an in-process engine (``swap_weights``): between two
+    generation batches, so an episode can span versions. The newest announcement always wins,
+    also one with a lower version (a learner resumed from an earlier checkpoint)."""
+
+    def __init__(self, streams: PipelineStreams, engine: Any, model: Any = None) -> None:
+        self.streams, self.engine, self.model = streams, engine, model
+        self.last_id = "0-0"
+        self.applied = 0
+
+    async def apply(self, announcement: tuple[int, dict[str, Any], str]) -> None:
+        version, info, entry = announcement
+        if info.get("kind") != "server" and self.model is not None:
+            await self.engine.swap_weights(lambda: load_weights(self.model, info), version)
+        else:  # the server has the weights already; its responses carry the version
+            self.engine.policy_version = version
+        self.last_id = entry
+        self.applied += 1
+        log.info("actor: weights v%d (%s)", version, info.get("kind"))
+
+    async def catch_up(self) -> None:
+        """Apply the newest announcement if it is not applied yet (no wait)."""
+        latest = await asyncio.to_thread(self.streams.latest_weights)
+        if latest is not None and latest[2] != self.last_id:
+            await self.apply(latest)
+
+    async def wait_first(self, timeout_s: float | None = None) -> None:
+        """Block until some weights are announced (the learner publishes its start weights)."""
+        t0 = time.monotonic()
+        while self.applied == 0:
+            await self.catch_up()
+            if self.applied:
+                return
+            if timeout_s is not None and time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"no weights announced on {self.streams.weights} within {timeout_s}s")
+            await asyncio.to_thread(self.streams.wait_weights, self.last_id, 500)
+
+    async def run(self) -> None:
+        """Follow announcements until cancelled."""
+        while True:
+            got = await asyncio.to_thread(self.streams.wait_weights, self.last_id, 500)
+            if got is not None:
+                await self.catch_up()  # the newest, not every one in between
+
+
+# --------------------------------------------------------------------------- actor
+
+
+class Actor:
+    """Roll out, push, follow the weights.
+
+    Args:
+        streams: the run's streams.
+        source: a ``RolloutBatchSource`` (rollouts + credit + filter), e.g. the one
+            ``ludic train`` builds.
+        engine: the in-process engine the source's agents sample from (``swap_weights``).
+        model: the engine's model (weights are loaded into it).
+        max_unread: backpressure bound (entries waiting for the learner).
+        actor_id: names this actor in item meta and its log.
+        log_path: JSONL, one line per push: the stream ids and rollout ids (for audits).
+    """
+
+    def __init__(self, streams: PipelineStreams, source: Any, engine: Any, *, model: Any = None,
+                 max_unread: int = 256, actor_id: str | None = None, log_path: str | Path | None = None) -> None:
+        self.streams, self.source, self.engine = streams, source, engine
+        self.writer = SampleWriter(streams, max_unread=max_unread)
+        self.follower = WeightFollower(streams, engine, model)
+        self.actor_id = actor_id or f"actor-{os.getpid()}"
+        self.log_path = Path(log_path) if log_path else None
+        self.pushed = 0
+
+    async def run(self, batches: int | None = None, first_weights_timeout_s: float | None = 600.0) -> int:
+        """Push ``batches`` batches (None: until cancelled); returns the items pushed."""
+        await self.follower.wait_first(first_weights_timeout_s)
+        follow = asyncio.create_task(self.follower.run())
+        try:
+            n = 0
+            while batches is None or n < batches:
+                await asyncio.to_thread(self.writer.wait_for_room)
+                batch = await self.source.next_batch()
+                items = [replace(it, meta={**it.meta, "actor": self.actor_id}) for it in batch.items]
+                ids = await asyncio.to_thread(self.writer.push, items, wait=False)
+                self.pushed += len(ids)
+                if self.log_path is not None:
+                    with open(self.log_path, "a") as f:
+                        f.write(json.dumps({"actor": self.actor_id, "ids": ids, "t": time.time(),
+                                            "versions": [it.min_policy_version for it in items]}) + "\n")
+                n += 1
+            return self.pushed
+        finally:
+            follow.cancel()
+
+
+# --------------------------------------------------------------------------- learner
+
+
+def make_learner(model: Any, tokenizer: Any, algorithm: Any, cfg: Any, streams: PipelineStreams, run_dir: str | Path,
+                 *, batch_size: int, inner_publisher: Any = None, logger: Any = None,
+                 timeout_s: float | None = None) -> Any:
+    """A ``Trainer`` over the sample stream: batches of ``batch_size`` items (``cfg.max_lag``
+    drops stale ones), checkpoints in ``run_dir/checkpoints`` (each acknowledges its entries and
+    appends to ``pipeline_ledger.jsonl`` there), weights announced after every publish."""
+    from ludic.training.trainer import Trainer
+
+    run_dir = Path(run_dir)
+    ckpt = run_dir / "checkpoints"
+    publisher = AnnouncingPublisher(streams, run_dir / "weights", inner=inner_publisher)
+    trainer = Trainer(model, algorithm, None, cfg, publisher=publisher, logger=logger, checkpoint_dir=ckpt,
+                      tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id)
+    trainer.source = PipelineBatchSource(SampleReader(streams, consumer="learner"), batch_size,
+                                         version_fn=lambda: trainer.policy_version, max_lag=cfg.max_lag,
+                                         ledger_path=ckpt / "pipeline_ledger.jsonl", timeout_s=timeout_s)
+    return trainer

@@ -1,0 +1,143 @@
+"""Pipeline RL for tic-tac-toe: ``ludic actor tictactoe``, ``ludic learner tictactoe`` and the
+local topology ``ludic train tictactoe --pipeline N`` (a redis-server, N actor processes, this
+process as the learner). Same flags as ``ludic train tictactoe``; the actors and the learner of
+one run must get the same model, prompt and GRPO flags, and the same --redis-url and --stream-prefix.
+
+    ludic learner tictactoe --redis-url redis://10.0.0.1:6379/0 --run-dir runs/p1 --train-steps 100
+    ludic actor tictactoe   --redis-url redis://10.0.0.1:6379/0 --run-dir runs/p1-actor-a --actor-id a
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from ludic.recipes.tictactoe import TrainTicTacToeConfig, default_run_dir, rollout_source
+
+
+def _policy(cfg: TrainTicTacToeConfig) -> tuple[Any, Any]:
+    from ludic.training.lora import LoraSettings, load_policy
+
+    if cfg.inference != "transformers":
+        raise ValueError("pipeline actors sample in process (--inference transformers) for now")
+    lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult,
+                                                       dropout=cfg.lora_dropout)
+    return load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+
+
+def _streams(cfg: TrainTicTacToeConfig) -> Any:
+    from ludic.pipeline.streams import PipelineStreams
+
+    if not cfg.redis_url:
+        raise ValueError("--redis-url is required (e.g. redis://127.0.0.1:6379/0)")
+    return PipelineStreams(cfg.redis_url, prefix=cfg.stream_prefix)
+
+
+def run_actor(cfg: TrainTicTacToeConfig) -> int:
+    """Roll out and push until ``cfg.actor_batches`` batches are pushed (or forever)."""
+    return asyncio.run(_run_actor(cfg))
+
+
+async def _run_actor(cfg: TrainTicTacToeConfig) -> int:
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.pipeline.actor import Actor
+
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir("tictactoe-actor")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    model, tok = _policy(cfg)
+    engine = TransformersEngine(model, tok)
+    source, _, _ = rollout_source(cfg, engine, model, tok, run_dir)
+    actor_id = cfg.actor_id or f"actor-{os.getpid()}"
+    actor = Actor(_streams(cfg), source, engine, model=model, max_unread=cfg.max_unread, actor_id=actor_id,
+                  log_path=run_dir / f"actor-{actor_id}.jsonl")
+    pushed = await actor.run(cfg.actor_batches or None)
+    print(f"[actor {actor_id}] pushed {pushed} items", flush=True)
+    return pushed
+
+
+def run_learner(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
+    return asyncio.run(_run_learner(cfg))
+
+
+async def _run_learner(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
+    from ludic.config import dump_config
+    from ludic.pipeline.actor import make_learner
+    from ludic.training.algorithms import make_algorithm
+    from ludic.training.loggers import make_logger
+
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir("tictactoe-learner")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir / "config.json")
+    model, tok = _policy(cfg)
+    algo = make_algorithm(cfg.algorithm, kl_coef=cfg.kl_coef) if cfg.kl_coef else make_algorithm(cfg.algorithm)
+    tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
+                   norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.max_completion_tokens * cfg.max_steps_per_episode)
+    logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
+    streams = _streams(cfg)
+    trainer = make_learner(model, tok, algo, tcfg, streams, run_dir, batch_size=cfg.rollouts_per_update,
+                           logger=logger, timeout_s=cfg.batch_timeout_s or None)
+    if cfg.resume and trainer.resume():
+        print(f"[learner] resumed from step {trainer.step} in {run_dir}", flush=True)
+    last: dict[str, Any] = {}
+
+    def keep(step: int, metrics: dict[str, Any]) -> None:
+        last.update(metrics)
+
+    try:
+        await trainer.train(cfg.train_steps, keep)
+        if cfg.final_save:
+            trainer.save()
+    finally:
+        logger.close()
+    return {**last, "step": trainer.step, "totals": dict(trainer.source.totals)}
+
+
+def run_local(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
+    """``ludic train tictactoe --pipeline N``: Redis (``cfg.redis_url`` or a local server in
+    ``<run_dir>/redis``), N actor processes (logs in ``<run_dir>/actors``), the learner here."""
+    from ludic.pipeline.redis_server import RedisServer
+
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(f"tictactoe-pipeline-{cfg.algorithm}")
+    cfg = replace(cfg, run_dir=str(run_dir))
+    server = None
+    if not cfg.redis_url:
+        server = RedisServer(run_dir / "redis").start()
+        cfg = replace(cfg, redis_url=server.url)
+    actors: list[subprocess.Popen] = []
+    try:
+        for k in range(cfg.pipeline):
+            actors.append(spawn_actor(cfg, f"a{k}", run_dir / "actors" / f"a{k}"))
+        return run_learner(cfg)
+    finally:
+        for p in actors:
+            p.terminate()
+        for p in actors:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if server is not None:
+            server.stop()
+
+
+def cli_args(cfg: TrainTicTacToeConfig, **overrides: Any) -> list[str]:
+    """Flags that rebuild ``cfg`` (with ``overrides``) through ``parse_config``."""
+    from ludic.config import to_argv
+
+    return to_argv(replace(cfg, **overrides))
+
+
+def spawn_actor(cfg: TrainTicTacToeConfig, actor_id: str, run_dir: Path, *, env: dict[str, str] | None = None,
+                batches: int = 0) -> subprocess.Popen:
+    """Start ``ludic actor tictactoe`` for this run as a subprocess (output in run_dir/actor.log)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    args = cli_args(cfg, actor_id=actor_id, run_dir=str(run_dir), actor_batches=batches, pipeline=0,
+                    logger="none")
+    log = open(run_dir / "actor.log", "ab")
+    return subprocess.Popen([sys.executable, "-m", "ludic", "actor", "tictactoe", *args], stdout=log,
+                            stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
