@@ -34,7 +34,7 @@ def config(tiny_model_dir: Path, redis_url: str, run_dir: Path, steps: int) -> T
     return TrainTicTacToeConfig(
         model=str(tiny_model_dir), redis_url=redis_url, stream_prefix="f", run_dir=str(run_dir), train_steps=steps,
         group_size=2, rollouts_per_update=4, max_completion_tokens=6, concurrency=8, logger="none", dtype="float32",
-        max_unread=12, batch_timeout_s=240, eval_episodes=0,
+        max_unread=12, batch_timeout_s=240, eval_episodes=0, behavior_is="token_truncate",
         trainer=TrainerConfig(lr=1e-4, checkpoint_every=2, max_lag=3, max_to_keep=2))
 
 
@@ -181,4 +181,10 @@ def test_local_topology_command(redis_server, tiny_model_dir, tmp_path):
                          capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert json.loads(out.stdout[out.stdout.index("{"):])["step"] == 2
+    logged = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for key in ("pipeline_stale_share", "pipeline_lag_max", "sampler_kl", "sampler_tokens", "is_weight_mean",
+                "is_clip_frac", "policy_version"):
+        assert all(key in m for m in logged), (key, logged[-1])
+    # the in-process sampler and the learner score the same weights: their log-probs agree
+    assert all(m["sampler_kl"] < 1e-3 for m in logged if m["sampler_tokens"] > 0), [m["sampler_kl"] for m in logged]
     assert (tmp_path / "run" / "actors" / "a0" / "actor-a0.jsonl").exists()

@@ -593,3 +593,73 @@ def test_input_shape_validation():
         make(adv=[[1.0, 2.0, 3.0]])
     with pytest.raises(ValueError, match="total_tokens"):
         make(total_tokens=0)
+
+
+# ---------------------------------------------------------------- off-policy correction (behaviour IS)
+#
+# With prox = logp (the first pass over a batch) the behaviour ratio is w = p / p_old =
+# [1.5, 0.5, 0.5, 1.5, 1.0] and the PPO ratio pi / pi_prox is 1 (no clipping), so for "ppo" with
+# token aggregation o_t = -w'_t * A_t * r_t and d loss / d logp_t = -w'_t * A_t / T, A = [1, 1, -2, -.5, -.5].
+# Sequence ratios: segment 0: 1.5 * 0.5 = 0.75, segment 1: 0.5, segment 2: 1.5 * 1.0 = 1.5.
+
+
+@pytest.mark.parametrize("mode,cap,low,weights,flagged", [
+    ("token_truncate", 1.2, 0.0, [1.2, 0.5, 0.5, 1.2, 1.0], [1, 0, 0, 1, 0]),
+    ("token_mask", 1.2, 0.6, [0.0, 0.0, 0.0, 0.0, 1.0], [1, 1, 1, 1, 0]),
+    ("token_mask", 2.0, 0.0, [1.5, 0.5, 0.5, 1.5, 1.0], [0, 0, 0, 0, 0]),
+    ("sequence_truncate", 1.2, 0.0, [0.75, 0.75, 0.5, 1.2, 1.2], [0, 0, 0, 1, 1]),
+    ("sequence_mask", 1.2, 0.6, [0.75, 0.75, 0.0, 0.0, 0.0], [0, 0, 1, 1, 1]),
+])
+def test_behavior_is_weights_and_gradient(mode, cap, low, weights, flagged):
+    cfg = LossConfig(kind="ppo", aggregation="token", behavior_is=mode, behavior_is_cap=cap, behavior_is_low=low)
+    inp = make()
+    loss, stats = compute_loss(inp, cfg)
+    A = [1.0, 1.0, -2.0, -0.5, -0.5]
+    assert loss.item() == pytest.approx(sum(-w * a for w, a in zip(weights, A)) / 5, **TOL)
+    loss.backward()
+    assert inp.logp.grad.tolist() == pytest.approx([-w * a / 5 for w, a in zip(weights, A)], **TOL)
+    key = "is_drop_frac" if mode.endswith("mask") else "is_clip_frac"
+    assert stats[key].item() == pytest.approx(sum(flagged) / 5, **TOL)
+    assert stats["is_weight_mean"].item() == pytest.approx(sum(weights) / 5, **TOL)
+    assert stats["ratio_mean"].item() == pytest.approx(1.0, **TOL)  # pi / pi_prox on the first pass
+
+
+def test_behavior_is_uses_the_proximal_policy_for_the_clip():
+    """Given pi_prox = p_old the weight is 1 and the objective is plain PPO on pi / p_old."""
+    plain, _ = compute_loss(make(), LossConfig(kind="ppo"))
+    inp = make(prox_logp=logs(P_OLD))
+    corrected, stats = compute_loss(inp, LossConfig(kind="ppo", behavior_is="token_truncate"))
+    assert corrected.item() == pytest.approx(plain.item(), **TOL) and stats["is_weight_mean"].item() == 1.0
+
+
+def test_sampler_kl_is_measured_on_same_version_tokens_only():
+    """k3 of KL(sampler || learner) from log w = logp - old_logp, over tokens sampled by the
+    learner's current weights: w = [1.5, 0.5, 0.5, 1.5, 1.0]."""
+    k3 = [w - 1 - math.log(w) for w in (1.5, 0.5, 0.5, 1.5, 1.0)]
+    _, stats = compute_loss(make(), LossConfig(kind="ppo"))
+    assert stats["sampler_kl"].item() == pytest.approx(sum(k3) / 5, **TOL) and stats["sampler_tokens"].item() == 5
+    same = torch.tensor([True, False, False, True, True])
+    _, stats = compute_loss(make(same_version=same), LossConfig(kind="ppo"))
+    assert stats["sampler_kl"].item() == pytest.approx((k3[0] + k3[3] + k3[4]) / 3, **TOL)
+    assert stats["sampler_tokens"].item() == 3
+    _, stats = compute_loss(make(old=False), LossConfig(kind="sft"))
+    assert "sampler_kl" not in stats
+
+
+def test_behavior_is_config_errors():
+    with pytest.raises(ValueError, match="behavior_is"):
+        LossConfig(behavior_is="token")
+    with pytest.raises(ValueError, match="behavior_is_low"):
+        LossConfig(behavior_is="token_mask", behavior_is_low=3.0, behavior_is_cap=2.0)
+    with pytest.raises(ValueError, match="needs LossInputs.old_logp"):
+        compute_loss(make(old=False), LossConfig(kind="reinforce", behavior_is="token_truncate"))
+
+
+def test_trainer_refuses_behavior_is_with_several_passes_per_batch():
+    from ludic.training.algorithms import make_algorithm
+    from ludic.training.config import TrainerConfig
+    from ludic.training.trainer import Trainer
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="ppo_epochs=2"):
+        Trainer(model, make_algorithm("grpo", behavior_is="token_truncate"), None, TrainerConfig(ppo_epochs=2))

@@ -82,7 +82,7 @@ async def _train_prompts(cfg: TrainPromptsConfig) -> dict[str, Any]:
     from ludic.recipes.tictactoe import default_run_dir
     from ludic.rollouts.batch import RolloutBatchSource
     from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
-    from ludic.training.algorithms import make_algorithm
+    from ludic.training.algorithms import algorithm_for
     from ludic.training.loggers import MultiLogger, make_logger
     from ludic.training.lora import LoraSettings, load_policy
     from ludic.training.trainer import Trainer
@@ -117,7 +117,7 @@ async def _train_prompts(cfg: TrainPromptsConfig) -> dict[str, Any]:
                                       max_steps=1))
         return out
 
-    algo = make_algorithm(cfg.algorithm, kl_coef=cfg.kl_coef) if cfg.kl_coef else make_algorithm(cfg.algorithm)
+    algo = algorithm_for(cfg)
     source = RolloutBatchSource(
         RolloutEngine({"single_agent": factory}, concurrency=64, jsonl_path=run_dir / "rollouts.jsonl"),
         requests_fn, algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),

@@ -98,6 +98,11 @@ class TrainTicTacToeConfig:
     full_finetune: bool = False
     """Train all weights instead of a LoRA adapter."""
     kl_coef: float = 0.0
+    behavior_is: str = ""
+    """Off-policy correction of sampler/learner mismatch and staleness: token_truncate,
+    token_mask, sequence_truncate or sequence_mask ("": none; see LossConfig.behavior_is)."""
+    behavior_is_cap: float = 2.0
+    """Truncation cap (or top of the kept band) of the importance weight."""
     dtype: str = "auto"
     eval_every: int = 0
     """Evaluate every N steps (0: only at the end if eval_episodes > 0)."""
@@ -286,13 +291,13 @@ def rollout_source(cfg: TrainTicTacToeConfig, client: ChatClient, model: Any, to
     """(RolloutBatchSource, algorithm, league or None): games against cfg's opponents, GRPO
     groups, credit and filter; what ``ludic train`` trains on and what a pipeline actor pushes."""
     from ludic.recipes.tictactoe_opponents import opponent_metrics, opponent_requests
-    from ludic.training.algorithms import make_algorithm
+    from ludic.training.algorithms import algorithm_for
 
     factory = make_protocol_factory(client, cfg.ctx, cfg.train_temperature, cfg.max_completion_tokens,
                                     **prompting(cfg))
     engine = RolloutEngine({"single_agent": factory}, concurrency=cfg.concurrency,
                            jsonl_path=run_dir / "rollouts.jsonl")
-    algo = make_algorithm(cfg.algorithm, kl_coef=cfg.kl_coef) if cfg.kl_coef else make_algorithm(cfg.algorithm)
+    algo = algorithm_for(cfg)
     starts = _starts(cfg.agent_starts_as)
 
     def bot_requests() -> list[RolloutRequest]:

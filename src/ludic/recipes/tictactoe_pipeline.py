@@ -67,14 +67,14 @@ def run_learner(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
 async def _run_learner(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
     from ludic.config import dump_config
     from ludic.pipeline.actor import make_learner
-    from ludic.training.algorithms import make_algorithm
+    from ludic.training.algorithms import algorithm_for
     from ludic.training.loggers import make_logger
 
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir("tictactoe-learner")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
     model, tok = _policy(cfg)
-    algo = make_algorithm(cfg.algorithm, kl_coef=cfg.kl_coef) if cfg.kl_coef else make_algorithm(cfg.algorithm)
+    algo = algorithm_for(cfg)
     tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
                    norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.max_completion_tokens * cfg.max_steps_per_episode)
     logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)

@@ -131,7 +131,7 @@ class PositionGRPO:
                  run_dir: Path, *, publisher: Any = None, logger: Any = None, total_steps: int = 0) -> None:
         from ludic.rollouts.batch import RolloutBatchSource, drop_zero_weight
         from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
-        from ludic.training.algorithms import make_algorithm
+        from ludic.training.algorithms import algorithm_for
         from ludic.training.trainer import Trainer
 
         self.cfg, self.view = cfg, view
@@ -144,7 +144,7 @@ class PositionGRPO:
         def factory() -> SingleAgentProtocol:
             return SingleAgentProtocol(view.agent(client, cfg.temperature))
 
-        algo = make_algorithm(cfg.algorithm, **({"kl_coef": cfg.kl_coef} if cfg.kl_coef else {}))
+        algo = algorithm_for(cfg)
         run_dir.mkdir(parents=True, exist_ok=True)
         engine = RolloutEngine({"single_agent": factory}, concurrency=cfg.positions_per_step * cfg.group_size,
                                jsonl_path=run_dir / "rollouts.jsonl")

@@ -49,6 +49,8 @@ class MicroBatch:
     """[B] float: each item's share of its episode (``SAWItem.episode_share``), None when all are 1."""
     temperature: Tensor | None = None
     """[N] float sampling temperature of each action token (logits are divided by it); None when all 1."""
+    versions: Tensor | None = None
+    """[N] long policy version that sampled each action token (-1: unknown); None when no item has versions."""
 
 
 def truncate_item(item: SAWItem, max_seq_len: int) -> SAWItem | None:
@@ -165,7 +167,8 @@ def collate(items: Sequence[SAWItem], pad_id: int, device: torch.device | str = 
     T = max(it.num_tokens for it in items)
     input_ids = torch.full((B, T), pad_id, dtype=torch.long)
     attn = torch.zeros((B, T), dtype=torch.long)
-    rows, cols, targets, seg, old, tadv = [], [], [], [], [], []
+    rows, cols, targets, seg, old, tadv, vers = [], [], [], [], [], [], []
+    has_versions = any(it.policy_versions is not None for it in items)
     has_old = all(it.logprobs is not None for it in items)
     if not has_old and any(it.logprobs is not None for it in items):
         raise ValueError("a micro-batch mixes items with and without sampler log-probs")
@@ -189,6 +192,8 @@ def collate(items: Sequence[SAWItem], pad_id: int, device: torch.device | str = 
             old.extend(it.logprobs[j] for j in keep)  # type: ignore[index]
         if per_token:
             tadv.extend(it.weight if it.token_weights is None else it.token_weights[j] for j in keep)
+        if has_versions:
+            vers.extend(-1 if it.policy_versions is None else it.policy_versions[j] for j in keep)
     as_long = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
     as_float = lambda x: torch.tensor(x, dtype=torch.float32, device=device)  # noqa: E731
     shares = [it.episode_share for it in items]
@@ -201,6 +206,7 @@ def collate(items: Sequence[SAWItem], pad_id: int, device: torch.device | str = 
         token_adv=as_float(tadv) if per_token else None,
         seg_weight=None if all(x == 1.0 for x in shares) else as_float(shares),
         temperature=None if all(t == 1.0 for t in temps) else as_float(temps)[as_long(seg)],
+        versions=as_long(vers) if has_versions else None,
     )
 
 

@@ -64,6 +64,7 @@ from torch import Tensor
 LOSS_KINDS = ("reinforce", "reinforce_baseline", "ppo", "gspo", "cispo", "sft")
 AGGREGATIONS = ("token", "sequence", "constant", "sum")
 KL_ESTIMATORS = ("k1", "k3")
+BEHAVIOR_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 _NEEDS_OLD_LOGP = ("ppo", "gspo", "cispo")
 _STD_EPS = 1e-8
 
@@ -98,6 +99,12 @@ class LossInputs:
     """[N] per-token advantages; when given they replace ``adv[seg]`` (merged multi-turn episodes)."""
     seg_weight: Tensor | None = None
     """[S] weight c_i of each segment in the per-segment aggregations (None: all 1)."""
+    prox_logp: Tensor | None = None
+    """[N] the learner's log-probs at the start of this batch (no grad), for the off-policy
+    correction (``behavior_is``); None: ``logp.detach()`` (exact on the first pass over a batch)."""
+    same_version: Tensor | None = None
+    """[N] bool: tokens sampled by the weights the learner has now (the sampler-learner mismatch
+    is measured on these only: elsewhere staleness would mix in)."""
 
     def __post_init__(self) -> None:
         if self.logp.dim() != 1:
@@ -114,7 +121,7 @@ class LossInputs:
             raise ValueError(
                 f"LossInputs.seg_weight shape {tuple(self.seg_weight.shape)} != adv shape {tuple(self.adv.shape)}"
             )
-        for name in ("old_logp", "ref_logp", "entropy", "token_adv"):
+        for name in ("old_logp", "ref_logp", "entropy", "token_adv", "prox_logp", "same_version"):
             t = getattr(self, name)
             if t is not None and t.shape != self.logp.shape:
                 raise ValueError(
@@ -155,6 +162,18 @@ class LossConfig:
     """"k1": logp - ref_logp ; "k3": exp(ref - logp) - (ref - logp) - 1."""
     entropy_coef: float = 0.0
     """Entropy bonus: loss -= entropy_coef * aggregate(entropy) (needs entropy when != 0)."""
+    behavior_is: str | None = None
+    """Off-policy correction between the learner (pi_prox: its log-probs at the start of the batch)
+    and the sampler (old_logp: vLLM, a stale actor), w = pi_prox / pi_sampler:
+    "token_truncate" / "sequence_truncate" weigh each token's objective by sg(min(w, behavior_is_cap))
+    (token ratio, or the product over the sequence); "token_mask" / "sequence_mask" keep w but drop
+    tokens / sequences whose w is outside [behavior_is_low, behavior_is_cap]. The objective's own
+    ratio is then pi / pi_prox (decoupled PPO). None: old_logp is both the behaviour and the
+    proximal policy."""
+    behavior_is_cap: float = 2.0
+    """Upper bound of w (truncation cap, or top of the kept band)."""
+    behavior_is_low: float = 0.0
+    """Lower bound of the kept band (mask modes)."""
 
     def __post_init__(self) -> None:
         if self.kind not in LOSS_KINDS:
@@ -175,6 +194,11 @@ class LossConfig:
             raise ValueError(f"LossConfig.entropy_coef={self.entropy_coef!r} must be finite")
         if self.is_cap is not None and not self.is_cap > 0:
             raise ValueError(f"LossConfig.is_cap={self.is_cap!r} must be > 0 or None")
+        if self.behavior_is is not None and self.behavior_is not in BEHAVIOR_IS_MODES:
+            raise ValueError(f"LossConfig.behavior_is={self.behavior_is!r} is not one of {BEHAVIOR_IS_MODES} or None")
+        if not (0 <= self.behavior_is_low < self.behavior_is_cap and math.isfinite(self.behavior_is_cap)):
+            raise ValueError(f"LossConfig: need 0 <= behavior_is_low ({self.behavior_is_low}) < "
+                             f"behavior_is_cap ({self.behavior_is_cap}) < inf")
 
     @property
     def needs_old_logp(self) -> bool:
@@ -270,6 +294,20 @@ def _max(x: Tensor) -> Tensor:
     return x.max() if x.numel() else x.new_zeros(())
 
 
+def behavior_weights(log_w: Tensor, seg: Tensor, num_segments: int, cfg: LossConfig) -> tuple[Tensor, Tensor]:
+    """([N] IS weights, [N] bool: clipped (truncate) or dropped (mask)) for ``cfg.behavior_is``,
+    from log w = log pi_prox - log pi_sampler of each token (no grad)."""
+    log_w = log_w.detach()
+    if cfg.behavior_is.startswith("sequence"):
+        seq = torch.zeros(num_segments, dtype=log_w.dtype, device=log_w.device).index_add_(0, seg, log_w)
+        log_w = seq[seg]  # the product of the sequence's token ratios, on each of its tokens
+    w = torch.exp(log_w.clamp(max=80.0))
+    if cfg.behavior_is.endswith("truncate"):
+        return w.clamp(max=cfg.behavior_is_cap), w > cfg.behavior_is_cap
+    out = (w < cfg.behavior_is_low) | (w > cfg.behavior_is_cap)
+    return torch.where(out, torch.zeros_like(w), w), out
+
+
 def _check_inputs(inp: LossInputs, cfg: LossConfig) -> None:
     """Raise ValueError when ``inp`` lacks something ``cfg`` needs."""
     if cfg.needs_old_logp and inp.old_logp is None:
@@ -280,6 +318,8 @@ def _check_inputs(inp: LossInputs, cfg: LossConfig) -> None:
         raise ValueError(f"kl_coef={cfg.kl_coef} needs LossInputs.ref_logp")
     if cfg.needs_entropy and inp.entropy is None:
         raise ValueError(f"entropy_coef={cfg.entropy_coef} needs LossInputs.entropy")
+    if cfg.behavior_is is not None and inp.old_logp is None:
+        raise ValueError(f"behavior_is={cfg.behavior_is!r} needs LossInputs.old_logp (sampler log-probs)")
 
 
 def compute_loss(inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Tensor]]:
@@ -302,8 +342,22 @@ def compute_loss(inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Te
     lo, hi = 1.0 - cfg.clip_low, 1.0 + cfg.clip_high
 
     log_ratio = ratio = None
+    w_is: Tensor | None = None  # [N] behaviour IS weight (no grad), when behavior_is is on
+    stats_is: dict[str, Tensor] = {}
     if inp.old_logp is not None:
-        log_ratio = logp - inp.old_logp.to(dtype)  # [N], grad via logp
+        old_logp = inp.old_logp.to(dtype)
+        prox = (inp.prox_logp.to(dtype) if inp.prox_logp is not None else logp.detach())
+        log_w = prox - old_logp  # log pi_learner / pi_sampler of each sampled token
+        same = inp.same_version if inp.same_version is not None else torch.ones_like(log_w, dtype=torch.bool)
+        # KL(sampler || learner) from the sampler's tokens (k3), where both had the same weights
+        stats_is["sampler_kl"] = _mean((torch.exp(log_w) - 1 - log_w)[same])
+        stats_is["sampler_tokens"] = same.float().sum()
+        if cfg.behavior_is is not None:
+            w_is, dropped = behavior_weights(log_w, seg, inp.num_segments, cfg)
+            stats_is["is_weight_mean"] = _mean(w_is)
+            stats_is["is_drop_frac" if cfg.behavior_is.endswith("mask") else "is_clip_frac"] = _mean(dropped)
+            old_logp = prox  # the clipped objective's ratio is pi / pi_prox
+        log_ratio = logp - old_logp  # [N], grad via logp
         ratio = torch.exp(log_ratio)
     ratio_stat = ratio  # the ratio reported in the diagnostics
     clipped: Tensor | None = None  # [N] bool, tokens clipped in the objective
@@ -341,6 +395,8 @@ def compute_loss(inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Te
     else:  # pragma: no cover - LossConfig validates kind
         raise ValueError(f"LossConfig.kind={kind!r} is not one of {LOSS_KINDS}")
 
+    if w_is is not None:
+        obj = w_is * obj
     policy_loss = aggregate(obj, inp, cfg.aggregation)
     loss = policy_loss
     stats: dict[str, Tensor] = {
@@ -349,6 +405,7 @@ def compute_loss(inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Te
         "adv_mean": _mean(inp.adv),
         "num_tokens": torch.tensor(float(logp.numel()), device=logp.device),
     }
+    stats.update(stats_is)
     if ratio_stat is not None:
         stats["ratio_mean"] = _mean(ratio_stat)
         stats["ratio_max"] = _max(ratio_stat)

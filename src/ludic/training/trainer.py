@@ -61,13 +61,14 @@ def policy_gradient_objective(
         logp=logp, adv=mb.adv, seg=mb.seg, total_tokens=totals["tokens"], total_segments=totals["segments"],
         old_logp=old, ref_logp=ref_logp, entropy=entropy, max_tokens=totals["max_tokens"],
         adv_mean=totals["adv_mean"], adv_std=totals["adv_std"], token_adv=mb.token_adv, seg_weight=mb.seg_weight,
+        same_version=None if mb.versions is None else mb.versions == trainer.policy_version,
     )
     return compute_loss(inp, loss_cfg)
 
 
 # Stats from compute_loss that are this micro-batch's share of a batch total (summed);
 # every other stat is a per-token mean (averaged, weighted by tokens).
-_SUMMED = {"loss", "policy_loss", "kl_loss", "entropy_loss"}
+_SUMMED = {"loss", "policy_loss", "kl_loss", "entropy_loss", "sampler_tokens"}
 
 
 def make_optimizer(params: list[Any], cfg: TrainerConfig) -> torch.optim.Optimizer:
@@ -120,6 +121,12 @@ class Trainer:
         self.algorithm = algorithm
         self.source = batch_source
         self.cfg = config or TrainerConfig()
+        loss = getattr(algorithm, "loss", None)
+        if getattr(loss, "behavior_is", None) and (self.cfg.ppo_epochs > 1 or self.cfg.num_minibatches > 1):
+            raise ValueError(
+                f"behavior_is={loss.behavior_is!r} takes the learner's log-probs at the start of a batch from "
+                f"the pass that scores it, so it needs one pass per batch: ppo_epochs={self.cfg.ppo_epochs} and "
+                f"num_minibatches={self.cfg.num_minibatches} must both be 1")
         self.publisher = publisher
         self.logger = logger
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
