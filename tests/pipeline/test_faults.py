@@ -188,3 +188,29 @@ def test_local_topology_command(redis_server, tiny_model_dir, tmp_path):
     # the in-process sampler and the learner score the same weights: their log-probs agree
     assert all(m["sampler_kl"] < 1e-3 for m in logged if m["sampler_tokens"] > 0), [m["sampler_kl"] for m in logged]
     assert (tmp_path / "run" / "actors" / "a0" / "actor-a0.jsonl").exists()
+
+
+def test_redis_kill_9_mid_run(redis_server, tiny_model_dir, tmp_path):
+    """kill -9 Redis while an actor and the learner run; restart it on the same AOF (appendfsync
+    always): both wait for it (client retries) and go on; nothing acknowledged or pending is lost."""
+    cfg = config(tiny_model_dir, redis_server.url, tmp_path / "learner", steps=8)
+    streams = PipelineStreams(redis_server.url, prefix="f")
+    learner = spawn_learner(cfg)
+    actor = spawn_actor(cfg, "a0", tmp_path / "actors" / "a0")
+    try:
+        wait_for(lambda: ledger_commits(Path(cfg.run_dir)) >= 1, 300, "first checkpoint", [learner, actor])
+        before = set(streams.all_ids())
+        pending = set(streams.pending_ids())
+        redis_server.kill()
+        time.sleep(2.0)  # both processes now retry against a dead Redis
+        redis_server.start()
+        after = set(streams.all_ids())
+        assert before <= after and pending <= set(streams.pending_ids()) | set(read_ledger(
+            Path(cfg.run_dir) / "checkpoints" / "pipeline_ledger.jsonl")["trained"])
+        learner.wait(timeout=400)
+    finally:
+        actor.kill()
+        learner.kill()
+    assert learner.returncode == 0, (Path(cfg.run_dir) / "learner.log").read_text()[-3000:]
+    sets = audit(streams, Path(cfg.run_dir), tmp_path / "actors", set())
+    assert len(sets["trained"]) == 8 * 4

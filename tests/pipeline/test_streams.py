@@ -180,3 +180,33 @@ async def test_trainer_acks_only_checkpointed_steps_and_resume_trains_nothing_tw
     m = await restarted.train_step()  # retrains step 3 from the pending entries
     assert restarted.step == 3 and m["num_items"] == 2 and streams.pending_ids() == ids[4:]
     assert read_ledger(ckpt / "ledger.jsonl")["trained"] == set(ids[:4])
+
+
+@pytest.mark.parametrize("transport", ["redis", "path"])
+def test_announced_weights_load_into_an_actor_model(streams, tiny_model_dir, tmp_path, transport):
+    """AnnouncingPublisher stores an adapter (in Redis or a folder) and announces it; an actor's
+    model loads it and then has the learner's weights; Redis keeps the last keep_last versions."""
+    import torch
+
+    from ludic.pipeline.actor import AnnouncingPublisher, load_weights
+    from ludic.training.lora import LoraSettings, load_policy
+
+    learner, _ = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    actor, _ = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=1)
+    with torch.no_grad():
+        for n, p in learner.named_parameters():
+            if "lora_B" in n:
+                p.normal_()
+    pub = AnnouncingPublisher(streams, tmp_path / "w", transport=transport, keep_last=2)
+    for v in (1, 2, 3):
+        pub.publish(learner, v)
+    version, info, _ = streams.latest_weights()
+    assert version == 3 and info["kind"] == "adapter" and (("key" in info) == (transport == "redis"))
+    load_weights(actor, info, streams)
+    mine = dict(actor.named_parameters())
+    for n, p in learner.named_parameters():
+        if "lora_" in n:
+            assert torch.equal(p, mine[n]), n
+    if transport == "redis":
+        assert sorted(k.decode() for k in streams.redis.scan_iter(match="t:weights:v*")) == \
+            ["t:weights:v0000002", "t:weights:v0000003"]

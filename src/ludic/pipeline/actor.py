@@ -1,5 +1,5 @@
-"""Actors and the learner of pipeline RL, joined only by Redis (and the weights' folder or
-inference server the announcements name).
+"""Actors and the learner of pipeline RL, joined only by Redis (weights travel through it too,
+unless a shared folder or an inference server is chosen).
 
 Actor: roll out with its own engine, assign credit, push SAW items (``SampleWriter`` waits while
 the learner is behind), and follow the weight stream: a new version is swapped into the engine
@@ -38,27 +38,63 @@ log = logging.getLogger(__name__)
 
 
 class AnnouncingPublisher:
-    """The learner's publisher: write version ``v``'s weights under ``out_dir/v<v>`` (a peft
-    adapter, or full weights as safetensors), then announce them on the weight stream. With
-    ``inner`` (e.g. a ``VLLMAdapterPublisher``), that publisher pushes to the inference servers
-    first and the announcement only carries the version."""
+    """The learner's publisher: store version ``v``'s weights (a peft adapter's tensors, or the
+    full weights), then announce them on the weight stream.
 
-    def __init__(self, streams: PipelineStreams, out_dir: str | Path, *, inner: Any = None, keep_last: int = 3) -> None:
-        self.streams, self.out_dir, self.inner, self.keep_last = streams, Path(out_dir).resolve(), inner, keep_last
+    ``transport="redis"`` (default) stores the safetensors bytes in Redis under
+    ``<prefix>:weights:v<v>`` (the last ``keep_last`` versions are kept): actors on other hosts
+    need nothing but the Redis address. ``"path"`` writes ``out_dir/v<v>`` instead (a filesystem
+    the actors share; better for full weights of large models). With ``inner`` (e.g. a
+    ``VLLMAdapterPublisher``), that publisher pushes to the inference servers and the
+    announcement only carries the version."""
+
+    def __init__(self, streams: PipelineStreams, out_dir: str | Path | None = None, *, inner: Any = None,
+                 transport: str = "redis", keep_last: int = 3) -> None:
+        if transport not in ("redis", "path"):
+            raise ValueError(f"transport must be redis or path, got {transport!r}")
+        if transport == "path" and out_dir is None:
+            raise ValueError("transport='path' needs out_dir")
+        self.streams, self.inner, self.transport, self.keep_last = streams, inner, transport, keep_last
+        self.out_dir = Path(out_dir).resolve() if out_dir is not None else None
         self.last_version: int | None = None
 
     def publish(self, model: Any, version: int, *, force: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
+        out: dict[str, Any] = {}
         if self.inner is not None:
             out = self.inner.publish(model, version, force=force) or {}
             info: dict[str, Any] = {"kind": "server"}
-        else:
+        elif self.transport == "path":
+            assert self.out_dir is not None
             info = save_weights(model, self.out_dir / f"v{version:07d}")
-            out = {}
             _prune_versions(self.out_dir, self.keep_last)
+        else:
+            kind, blob = weights_bytes(model)
+            key = f"{self.streams.prefix}:weights:v{version:07d}"
+            self.streams.redis.set(key, blob)
+            info = {"kind": kind, "key": key, "bytes": len(blob)}
+            stale = sorted(k.decode() for k in self.streams.redis.scan_iter(match=f"{self.streams.prefix}:weights:v*"))
+            if len(stale) > self.keep_last:
+                self.streams.redis.delete(*stale[: len(stale) - self.keep_last])
         entry = self.streams.announce_weights(version, info)
         self.last_version = version
         return {**out, "version": version, "announce_id": entry, "total_s": time.perf_counter() - t0}
+
+
+def weights_bytes(model: Any) -> tuple[str, bytes]:
+    """("adapter", the peft adapter's tensors) or ("full", the merged weights), as safetensors bytes."""
+    from safetensors.torch import save
+
+    from ludic.inference.models import is_peft, unwrap
+    from ludic.inference.publish import merged_state_dict
+
+    m = unwrap(model)
+    if is_peft(m):
+        from peft import get_peft_model_state_dict
+
+        sd = {k: v.detach().contiguous().cpu() for k, v in get_peft_model_state_dict(m).items()}
+        return "adapter", save(sd)
+    return "full", save(merged_state_dict(m, dtype=None))
 
 
 def save_weights(model: Any, folder: Path) -> dict[str, Any]:
@@ -85,24 +121,34 @@ def save_weights(model: Any, folder: Path) -> dict[str, Any]:
     return {"kind": kind, "path": str(folder)}
 
 
-def load_weights(model: Any, info: dict[str, Any]) -> None:
-    """Load what ``save_weights`` wrote into ``model`` (in place)."""
+def load_weights(model: Any, info: dict[str, Any], streams: PipelineStreams | None = None) -> None:
+    """Load what an announcement names (``key`` in Redis, or ``path``) into ``model`` in place."""
     import torch
-    from safetensors.torch import load_file
+    from safetensors.torch import load, load_file
 
     from ludic.inference.models import unwrap
 
-    folder = Path(info["path"])
+    if "key" in info:
+        if streams is None:
+            raise ValueError(f"announcement {info} names a Redis key but no streams were given")
+        blob = streams.redis.get(info["key"])
+        if blob is None:
+            raise KeyError(f"{info['key']} is gone from Redis (a newer version replaced it)")
+        sd = load(blob)
+    else:
+        folder = Path(info["path"])
+        name = "adapter_model.safetensors" if info["kind"] == "adapter" else "model.safetensors"
+        sd = load_file(str(folder / name))
     m = unwrap(model)
     with torch.no_grad():
         if info["kind"] == "adapter":
             from peft import set_peft_model_state_dict
 
-            set_peft_model_state_dict(m, load_file(str(folder / "adapter_model.safetensors")))
+            set_peft_model_state_dict(m, sd)
         elif info["kind"] == "full":
-            missing, unexpected = m.load_state_dict(load_file(str(folder / "model.safetensors")), strict=False)
+            _, unexpected = m.load_state_dict(sd, strict=False)
             if unexpected:
-                raise ValueError(f"{folder}: weights the model does not have: {unexpected[:5]}")
+                raise ValueError(f"weights the model does not have: {unexpected[:5]} ({info})")
         else:
             raise ValueError(f"unknown weights kind {info['kind']!r} in announcement {info}")
 
@@ -128,7 +174,12 @@ class WeightFollower:
     async def apply(self, announcement: tuple[int, dict[str, Any], str]) -> None:
         version, info, entry = announcement
         if info.get("kind") != "server" and self.model is not None:
-            await self.engine.swap_weights(lambda: load_weights(self.model, info), version)
+            try:
+                await self.engine.swap_weights(lambda: load_weights(self.model, info, self.streams), version)
+            except KeyError as e:  # already replaced by a newer version: take that one
+                log.warning("actor: %s", e)
+                self.last_id = entry
+                return await self.catch_up()
         else:  # the server has the weights already; its responses carry the version
             self.engine.policy_version = version
         self.last_id = entry
@@ -213,7 +264,7 @@ class Actor:
 
 def make_learner(model: Any, tokenizer: Any, algorithm: Any, cfg: Any, streams: PipelineStreams, run_dir: str | Path,
                  *, batch_size: int, inner_publisher: Any = None, logger: Any = None,
-                 timeout_s: float | None = None) -> Any:
+                 timeout_s: float | None = None, weights_transport: str = "redis") -> Any:
     """A ``Trainer`` over the sample stream: batches of ``batch_size`` items (``cfg.max_lag``
     drops stale ones), checkpoints in ``run_dir/checkpoints`` (each acknowledges its entries and
     appends to ``pipeline_ledger.jsonl`` there), weights announced after every publish."""
@@ -221,7 +272,7 @@ def make_learner(model: Any, tokenizer: Any, algorithm: Any, cfg: Any, streams: 
 
     run_dir = Path(run_dir)
     ckpt = run_dir / "checkpoints"
-    publisher = AnnouncingPublisher(streams, run_dir / "weights", inner=inner_publisher)
+    publisher = AnnouncingPublisher(streams, run_dir / "weights", inner=inner_publisher, transport=weights_transport)
     trainer = Trainer(model, algorithm, None, cfg, publisher=publisher, logger=logger, checkpoint_dir=ckpt,
                       tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id)
     trainer.source = PipelineBatchSource(SampleReader(streams, consumer="learner"), batch_size,
