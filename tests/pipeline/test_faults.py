@@ -214,3 +214,96 @@ def test_redis_kill_9_mid_run(redis_server, tiny_model_dir, tmp_path):
     assert learner.returncode == 0, (Path(cfg.run_dir) / "learner.log").read_text()[-3000:]
     sets = audit(streams, Path(cfg.run_dir), tmp_path / "actors", set())
     assert len(sets["trained"]) == 8 * 4
+
+
+class _Namespaces:
+    """Two network namespaces, each joined to the host by its own veth pair and subnet; the host
+    (Redis) is 10.<n>.1.1 for the actors' namespace and 10.<n>.2.1 for the learner's."""
+
+    def __init__(self) -> None:
+        tag = f"{os.getpid() % 10000}"
+        self.n = 200 + os.getpid() % 50
+        self.names = {"actor": f"ludic-a{tag}", "learner": f"ludic-l{tag}"}
+        self.made: list[list[str]] = []
+
+    def sh(self, *cmd: str) -> None:
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+    def __enter__(self) -> "_Namespaces":
+        for k, (role, ns) in enumerate(self.names.items(), start=1):
+            host, inner = f"vh{role[0]}{os.getpid() % 10000}", f"vn{role[0]}{os.getpid() % 10000}"
+            self.sh("ip", "netns", "add", ns)
+            self.made.append(["ip", "netns", "del", ns])
+            self.sh("ip", "link", "add", host, "type", "veth", "peer", "name", inner)
+            self.made.append(["ip", "link", "del", host])
+            self.sh("ip", "link", "set", inner, "netns", ns)
+            self.sh("ip", "addr", "add", f"10.{self.n}.{k}.1/24", "dev", host)
+            self.sh("ip", "link", "set", host, "up")
+            self.sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"10.{self.n}.{k}.2/24", "dev", inner)
+            self.sh("ip", "netns", "exec", ns, "ip", "link", "set", inner, "up")
+            self.sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
+        return self
+
+    def host_ip(self, role: str) -> str:
+        return f"10.{self.n}.{1 if role == 'actor' else 2}.1"
+
+    def prefix(self, role: str) -> list[str]:
+        return ["ip", "netns", "exec", self.names[role]]
+
+    def __exit__(self, *exc: object) -> None:
+        for cmd in reversed(self.made):
+            subprocess.run(cmd, capture_output=True)
+
+
+def _can_make_namespaces() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (ip netns, veth)"
+    try:
+        subprocess.run(["ip", "netns", "list"], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        return f"ip netns unavailable: {e}"
+    return None
+
+
+def test_actor_and_learner_in_separate_network_namespaces(tiny_model_dir, tmp_path):
+    """Multi-host as far as one machine shows it: the actor and the learner each run in their own
+    network namespace (own veth pair and subnet, made here), with Redis on the host. They share
+    no address and no folder they use: samples and weights go through Redis only."""
+    from ludic.pipeline.redis_server import RedisServer
+
+    why = _can_make_namespaces()
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"the namespace test must run in CI: {why}")
+        pytest.skip(why)
+    with _Namespaces() as ns:
+        server = RedisServer(tmp_path / "redis", host="0.0.0.0").start()
+        try:
+            urls = {r: f"redis://{ns.host_ip(r)}:{server.port}/0" for r in ("actor", "learner")}
+            cfg = config(tiny_model_dir, urls["learner"], tmp_path / "learner", steps=4)
+            learner_cmd = ns.prefix("learner") + [sys.executable, "-m", "ludic", "learner", "tictactoe",
+                                                  *cli_args(cfg)]
+            actor_cfg = replace(cfg, redis_url=urls["actor"], run_dir=str(tmp_path / "actor"), actor_id="a0",
+                                logger="none")
+            actor_cmd = ns.prefix("actor") + [sys.executable, "-m", "ludic", "actor", "tictactoe", *cli_args(actor_cfg)]
+            (tmp_path / "actor").mkdir()
+            with open(tmp_path / "learner.log", "wb") as llog, open(tmp_path / "actor.log", "wb") as alog:
+                learner = subprocess.Popen(learner_cmd, stdout=llog, stderr=subprocess.STDOUT)
+                actor = subprocess.Popen(actor_cmd, stdout=alog, stderr=subprocess.STDOUT)
+                try:
+                    learner.wait(timeout=400)
+                finally:
+                    actor.kill()
+                    learner.kill()
+            assert learner.returncode == 0, (tmp_path / "learner.log").read_text()[-3000:]
+            # the namespaces really are apart: the learner's cannot reach the actor's subnet
+            probe = subprocess.run(ns.prefix("learner") + ["ip", "route", "get", f"10.{ns.n}.1.2"],
+                                   capture_output=True, text=True)
+            assert probe.returncode != 0 and "unreachable" in probe.stderr, (probe.stdout, probe.stderr)
+            streams = PipelineStreams(server.url, prefix="f")
+            sets = audit(streams, Path(cfg.run_dir), tmp_path / "actor", set())
+            assert len(sets["trained"]) == 4 * 4
+            version, info, _ = streams.latest_weights()
+            assert version == 4 and "key" in info  # the weights went through Redis
+        finally:
+            server.kill()
