@@ -307,3 +307,18 @@ def test_actor_and_learner_in_separate_network_namespaces(tiny_model_dir, tmp_pa
             assert version == 4 and "key" in info  # the weights went through Redis
         finally:
             server.kill()
+
+
+def test_example_scripts_are_the_cli(redis_server, tiny_model_dir, tmp_path):
+    """examples/pipeline_rl/run_actor.py and run_trainer.py run the same parts as the CLI."""
+    root = Path(__file__).resolve().parents[2] / "examples" / "pipeline_rl"
+    cfg = config(tiny_model_dir, redis_server.url, tmp_path / "learner", steps=1)
+    actor_cfg = replace(cfg, run_dir=str(tmp_path / "actor"), actor_id="ex", actor_batches=2)
+    actor = subprocess.Popen([sys.executable, str(root / "run_actor.py"), *cli_args(actor_cfg)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    learner = subprocess.run([sys.executable, str(root / "run_trainer.py"), *cli_args(cfg)],
+                             capture_output=True, text=True, timeout=300)
+    out, _ = actor.communicate(timeout=300)
+    assert learner.returncode == 0, learner.stdout[-2000:] + learner.stderr[-2000:]
+    assert json.loads(learner.stdout[learner.stdout.index("{"):])["step"] == 1
+    assert actor.returncode == 0 and "[actor ex] pushed 8 items" in out, out[-2000:]
