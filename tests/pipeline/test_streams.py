@@ -14,7 +14,7 @@ from ludic.types import SAWItem
 def item(k: int, version: int = 0, n: int = 3) -> SAWItem:
     return SAWItem(prompt_ids=(1, 2, k), completion_ids=tuple(range(10, 10 + n)), weight=0.5 * k,
                    logprobs=tuple(-0.25 * i for i in range(n)), policy_versions=(version,) * n,
-                   meta={"rollout_id": f"r{k}", "reward": 1.0}, action_mask=(1,) * (n - 1) + (0,),
+                   meta={"rollout_id": f"r{k}", "reward": 1.0, "total_reward": float(k)}, action_mask=(1,) * (n - 1) + (0,),
                    token_weights=(0.5 * k,) * n, episode_share=0.5, temperature=0.7, top_k=5)
 
 
@@ -93,6 +93,7 @@ async def test_source_drops_stale_and_malformed_and_acks_after_checkpoint(stream
     b1 = await source.next_batch()
     b2 = await source.next_batch()
     assert [it.meta["rollout_id"] for it in b1.items] == ["r0", "r1", "r2"]
+    assert b1.meta["reward_mean"] == pytest.approx((0 * 0.5 + 1 * 0.5 + 2 * 0.5) / 1.5)  # episode-weighted
     assert [it.meta["rollout_id"] for it in b2.items] == ["r3", "r0", "r1"]
     assert b2.meta["pipeline_stale_dropped"] == 1 and b2.meta["pipeline_malformed"] == 1
     assert streams.pending_ids() == fresh + old + bad + late[:2]  # nothing acked before a checkpoint

@@ -99,10 +99,14 @@ class PipelineBatchSource:
         self.totals["stale"] += len(stale)
         self.totals["malformed"] += len(malformed)
         seen = len(ids) + len(stale) + len(malformed)
+        rewarded = [(it.meta["total_reward"], it.episode_share) for it in items
+                    if isinstance(it.meta.get("total_reward"), (int, float))]
         meta = {"num_items": len(items), "pipeline_wait_s": time.perf_counter() - t0,
                 "pipeline_stale_share": len(stale) / max(seen, 1), "pipeline_stale_dropped": len(stale),
                 "pipeline_malformed": len(malformed), "pipeline_lag_mean": sum(lags) / max(len(lags), 1),
                 "pipeline_lag_max": max(lags, default=0), "pipeline_unread": self.reader.streams.unread()}
+        if rewarded:  # the episodes' mean reward, as RolloutBatchSource reports it
+            meta["reward_mean"] = sum(r * w for r, w in rewarded) / sum(w for _, w in rewarded)
         return SAWBatch(items=items, meta=meta)
 
     # ------------------------------------------------------------ checkpointing

@@ -1,0 +1,119 @@
+"""Pipeline RL against synchronous RL, same workload, one run.
+
+Workload: tic-tac-toe GRPO + LoRA r8 on the packaged SmolLM2-135M-Instruct, games against the
+epsilon-mixed minimax opponent, compact boards, bare-cell answers (a few tokens per move), 16
+episodes (2 groups of 8) per optimizer step:
+
+    sync       ludic train tictactoe: generate a batch, then train on it (2 threads)
+    pipeline   ludic learner + ludic actor as two processes over a local redis-server (1 thread
+               each, the same 2 cores): the actor generates the next batch while the learner
+               trains, up to --max-lag versions behind, with token-level truncated IS
+
+    python benchmarks/bench_pipeline.py [--steps 12] [--dtype float32]
+
+Prints, for each mode: wall time of the training steps (after the first), samples trained per
+second, and the mean game reward of the last half of the steps; then the ratios
+pipeline / sync. Compare only within one run (CPU flags and dtype are printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def flags() -> str:
+    from ludic.recipes.tictactoe_recipe import machine
+
+    m = machine()
+    return f"cpus {m['cpus']}, isa {'/'.join(m['isa'])}, torch {m['torch']}"
+
+
+def common(steps: int, dtype: str, run_dir: Path) -> list[str]:
+    return ["--train-steps", str(steps), "--group-size", "8", "--rollouts-per-update", "16", "--opponent", "mixed",
+            "--compact", "--no-show-moves", "--answer", "cell", "--system-prompt", "Tic-tac-toe.",
+            "--max-completion-tokens", "4", "--ctx", "full", "--logger", "none", "--dtype", dtype,
+            "--run-dir", str(run_dir), "--lora-rank", "8", "--lr", "1e-4", "--checkpoint-every", "0",
+            "--no-final-save", "--eval-episodes", "0", "--no-resume"]
+
+
+def summarise(run_dir: Path, steps: int, wall: float | None = None) -> dict[str, float]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "step" in r and "step_s" in r]
+    timed = rows[1:]  # the first step warms up (and waits for the first batch)
+    seconds = sum(r["step_s"] for r in timed) if wall is None else wall
+    samples = sum(r.get("num_items", 16) for r in timed)
+    late = rows[len(rows) // 2:]
+    reward = sum(r.get("reward_mean", 0.0) for r in late) / max(len(late), 1)
+    return {"steps": len(rows), "seconds": seconds, "samples_per_s": samples / seconds, "reward": reward}
+
+
+def run_sync(steps: int, dtype: str, root: Path) -> dict[str, float]:
+    run = root / "sync"
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    subprocess.run([sys.executable, "-m", "ludic", "train", "tictactoe", *common(steps, dtype, run)], env=env,
+                   check=True, stdout=subprocess.DEVNULL)
+    return summarise(run, steps)
+
+
+def run_pipeline(steps: int, dtype: str, root: Path, max_lag: int) -> dict[str, float]:
+    from ludic.pipeline.redis_server import RedisServer
+
+    run = root / "pipeline"
+    server = RedisServer(root / "redis").start()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    extra = ["--redis-url", server.url, "--max-unread", "32", "--max-lag", str(max_lag),
+             "--behavior-is", "token_truncate"]
+    actor = subprocess.Popen([sys.executable, "-m", "ludic", "actor", "tictactoe",
+                              *common(steps, dtype, root / "actor"), *extra, "--actor-id", "a0"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        learner = subprocess.Popen([sys.executable, "-m", "ludic", "learner", "tictactoe",
+                                    *common(steps, dtype, run), *extra], env=env, stdout=subprocess.DEVNULL)
+        learner.wait()
+        if learner.returncode:
+            raise RuntimeError(f"learner exited with {learner.returncode}")
+    finally:
+        actor.kill()
+        server.kill()
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "step" in r]
+    out = summarise(run, steps)  # the learner's step_s includes its wait for data
+    out["stale_share"] = sum(r.get("pipeline_stale_share", 0.0) for r in rows) / max(len(rows), 1)
+    out["lag_mean"] = sum(r.get("pipeline_lag_mean", 0.0) for r in rows) / max(len(rows), 1)
+    out["sampler_kl"] = max((r.get("sampler_kl", 0.0) for r in rows), default=0.0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--max-lag", type=int, default=2)
+    a = ap.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="ludic-bench-pipeline-"))
+    try:
+        t0 = time.perf_counter()
+        sync = run_sync(a.steps, a.dtype, root)
+        pipe = run_pipeline(a.steps, a.dtype, root, a.max_lag)
+        print(f"{flags()}; dtype {a.dtype}; {a.steps} steps of 16 episodes; total {time.perf_counter() - t0:.0f} s")
+        for name, r in (("sync", sync), ("pipeline", pipe)):
+            extra = (f", stale {r['stale_share']:.1%}, mean lag {r['lag_mean']:.2f}, sampler KL max {r['sampler_kl']:.2e}"
+                     if name == "pipeline" else "")
+            print(f"{name:>9}: {r['seconds']:.1f} s for steps 2-{r['steps']}, {r['samples_per_s']:.2f} samples/s, "
+                  f"reward (last half) {r['reward']:+.3f}{extra}")
+        print(f"    ratio: pipeline / sync samples per second = {pipe['samples_per_s'] / sync['samples_per_s']:.2f}x; "
+              f"reward {pipe['reward']:+.3f} vs {sync['reward']:+.3f}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
