@@ -1,15 +1,16 @@
 """Pipeline RL against synchronous RL, same workload, one run.
 
-Workload: tic-tac-toe GRPO + LoRA r8 on the packaged SmolLM2-135M-Instruct, games against the
-epsilon-mixed minimax opponent, compact boards, bare-cell answers (a few tokens per move), 16
-episodes (2 groups of 8) per optimizer step:
+Workload: tic-tac-toe GRPO + LoRA r8 on SmolLM2-135M-Instruct (``--model``: the packaged base, or
+better a cold-started one such as the recipe's ``runs/<recipe>/sft/final``), games against the
+epsilon-mixed minimax opponent with the recipe's prompts (latest board only, compact, bare-cell
+answers of a few tokens), 16 episodes (2 groups of 8) per optimizer step:
 
     sync       ludic train tictactoe: generate a batch, then train on it (2 threads)
     pipeline   ludic learner + ludic actor as two processes over a local redis-server (1 thread
                each, the same 2 cores): the actor generates the next batch while the learner
                trains, up to --max-lag versions behind, with token-level truncated IS
 
-    python benchmarks/bench_pipeline.py [--steps 12] [--dtype float32]
+    python benchmarks/bench_pipeline.py [--steps 12] [--dtype float32] [--model runs/<recipe>/sft/final]
 
 Prints, for each mode: wall time of the training steps (after the first), samples trained per
 second, and the mean game reward of the last half of the steps; then the ratios
@@ -36,10 +37,11 @@ def flags() -> str:
     return f"cpus {m['cpus']}, isa {'/'.join(m['isa'])}, torch {m['torch']}"
 
 
-def common(steps: int, dtype: str, run_dir: Path) -> list[str]:
-    return ["--train-steps", str(steps), "--group-size", "8", "--rollouts-per-update", "16", "--opponent", "mixed",
-            "--compact", "--no-show-moves", "--answer", "cell", "--system-prompt", "Tic-tac-toe.",
-            "--max-completion-tokens", "4", "--ctx", "full", "--logger", "none", "--dtype", dtype,
+def common(steps: int, dtype: str, run_dir: Path, model: str) -> list[str]:
+    return ["--model", model, "--train-steps", str(steps), "--group-size", "8", "--rollouts-per-update", "16",
+            "--opponent", "mixed", "--compact", "--no-show-moves", "--no-show-opponent-move", "--answer", "cell",
+            "--system-prompt", "Tic-tac-toe.", "--max-completion-tokens", "4", "--ctx", "last", "--logger", "none",
+            "--dtype", dtype,
             "--run-dir", str(run_dir), "--lora-rank", "8", "--lr", "1e-4", "--checkpoint-every", "0",
             "--no-final-save", "--eval-episodes", "0", "--no-resume"]
 
@@ -55,15 +57,15 @@ def summarise(run_dir: Path, steps: int, wall: float | None = None) -> dict[str,
     return {"steps": len(rows), "seconds": seconds, "samples_per_s": samples / seconds, "reward": reward}
 
 
-def run_sync(steps: int, dtype: str, root: Path) -> dict[str, float]:
+def run_sync(steps: int, dtype: str, root: Path, model: str) -> dict[str, float]:
     run = root / "sync"
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
-    subprocess.run([sys.executable, "-m", "ludic", "train", "tictactoe", *common(steps, dtype, run)], env=env,
+    subprocess.run([sys.executable, "-m", "ludic", "train", "tictactoe", *common(steps, dtype, run, model)], env=env,
                    check=True, stdout=subprocess.DEVNULL)
     return summarise(run, steps)
 
 
-def run_pipeline(steps: int, dtype: str, root: Path, max_lag: int) -> dict[str, float]:
+def run_pipeline(steps: int, dtype: str, root: Path, max_lag: int, model: str) -> dict[str, float]:
     from ludic.pipeline.redis_server import RedisServer
 
     run = root / "pipeline"
@@ -72,11 +74,11 @@ def run_pipeline(steps: int, dtype: str, root: Path, max_lag: int) -> dict[str, 
     extra = ["--redis-url", server.url, "--max-unread", "32", "--max-lag", str(max_lag),
              "--behavior-is", "token_truncate"]
     actor = subprocess.Popen([sys.executable, "-m", "ludic", "actor", "tictactoe",
-                              *common(steps, dtype, root / "actor"), *extra, "--actor-id", "a0"],
+                              *common(steps, dtype, root / "actor", model), *extra, "--actor-id", "a0"],
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         learner = subprocess.Popen([sys.executable, "-m", "ludic", "learner", "tictactoe",
-                                    *common(steps, dtype, run), *extra], env=env, stdout=subprocess.DEVNULL)
+                                    *common(steps, dtype, run, model), *extra], env=env, stdout=subprocess.DEVNULL)
         learner.wait()
         if learner.returncode:
             raise RuntimeError(f"learner exited with {learner.returncode}")
@@ -97,12 +99,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-lag", type=int, default=2)
+    ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct",
+                    help="a cold-started model plays and learns (e.g. runs/<recipe>/sft/final); the base "
+                         "model's replies are all illegal here, so its reward stays flat")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ludic-bench-pipeline-"))
     try:
         t0 = time.perf_counter()
-        sync = run_sync(a.steps, a.dtype, root)
-        pipe = run_pipeline(a.steps, a.dtype, root, a.max_lag)
+        sync = run_sync(a.steps, a.dtype, root, a.model)
+        pipe = run_pipeline(a.steps, a.dtype, root, a.max_lag, a.model)
         print(f"{flags()}; dtype {a.dtype}; {a.steps} steps of 16 episodes; total {time.perf_counter() - t0:.0f} s")
         for name, r in (("sync", sync), ("pipeline", pipe)):
             extra = (f", stale {r['stale_share']:.1%}, mean lag {r['lag_mean']:.2f}, sampler KL max {r['sampler_kl']:.2e}"

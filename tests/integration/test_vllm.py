@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -524,6 +525,48 @@ def test_publishers_read_and_reset_the_server_version(server: VLLMServerProcess,
         full.publish(load_file(str(base_weights / "model.safetensors")), 1)
     assert not full.publish(load_file(str(base_weights / "model.safetensors")), 1, force=True)["errors"]
     assert full.server_version() == 1 and get(server, "/ludic/policy").json()["adapter"] is None
+
+
+def test_pipeline_actor_samples_from_the_server_the_learner_pushes_to(server: VLLMServerProcess, model_dir: Path,
+                                                                     weights_root: Path, tmp_path: Path) -> None:
+    """Pipeline RL on vLLM: an actor process samples from the server, the learner process pushes
+    each version's adapter to it (and announces it); the learner's items carry the server's
+    versions, and the sampler/learner log-prob mismatch is logged."""
+    import json
+
+    from ludic.pipeline.redis_server import RedisServer
+    from ludic.recipes.tictactoe import TrainTicTacToeConfig
+    from ludic.recipes.tictactoe_pipeline import cli_args
+    from ludic.training.config import TrainerConfig
+
+    redis = RedisServer(tmp_path / "redis").start()
+    run = weights_root / "pipeline"  # under the server's allowed root
+    cfg = TrainTicTacToeConfig(
+        model=str(model_dir), inference="vllm", port=server.port, redis_url=redis.url, stream_prefix="v",
+        run_dir=str(run), train_steps=3, group_size=2, rollouts_per_update=4, max_completion_tokens=4, ctx="last",
+        compact=True, show_moves=False, show_opponent_move=False, answer="cell", system_prompt="Tic-tac-toe.",
+        concurrency=8, logger="none", dtype="float32", lora_rank=8, batch_timeout_s=300, behavior_is="token_truncate",
+        trainer=TrainerConfig(lr=1e-4, checkpoint_every=3, max_lag=3))
+    env = {**os.environ, "LUDIC_SERVER_TOKEN": TOKEN}
+    actor_cfg = replace(cfg, run_dir=str(tmp_path / "actor"), actor_id="v0")
+    actor = subprocess.Popen([sys.executable, "-m", "ludic", "actor", "tictactoe", *cli_args(actor_cfg)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        learner = subprocess.run([sys.executable, "-m", "ludic", "learner", "tictactoe", *cli_args(cfg)], env=env,
+                                 capture_output=True, text=True, timeout=600)
+    finally:
+        actor.kill()
+        redis.kill()
+    assert learner.returncode == 0, learner.stdout[-3000:] + learner.stderr[-3000:]
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all("sampler_kl" in r and "is_weight_mean" in r for r in rows)
+    policy = get(server, "/ludic/policy").json()
+    assert policy["adapter"].startswith("policy-v") and policy["version"] == rows[-1]["policy_version"]
+    lines = [json.loads(x) for x in (tmp_path / "actor" / "actor-v0.jsonl").read_text().splitlines()]
+    versions = {v for ln in lines for v in ln["versions"]}
+    assert len(versions) > 1 and max(versions) <= policy["version"]  # tokens from several pushed versions
+    measured = [r["sampler_kl"] for r in rows if r["sampler_tokens"] > 0]
+    print(f"\nvLLM pipeline: versions sampled {sorted(versions)}, sampler KL (vLLM vs learner) {measured}")
 
 
 # ---------------------------------------------------------------------------- in-process engine

@@ -11,15 +11,15 @@ from ludic.pipeline.wire import SCHEMA, MalformedEntry, decode_item, encode_item
 from ludic.types import SAWItem
 
 
-def item(k: int, version: int = 0, n: int = 3) -> SAWItem:
+def item(k: int, version: int = 0, n: int = 3, share: float = 1.0) -> SAWItem:
     return SAWItem(prompt_ids=(1, 2, k), completion_ids=tuple(range(10, 10 + n)), weight=0.5 * k,
                    logprobs=tuple(-0.25 * i for i in range(n)), policy_versions=(version,) * n,
                    meta={"rollout_id": f"r{k}", "reward": 1.0, "total_reward": float(k)}, action_mask=(1,) * (n - 1) + (0,),
-                   token_weights=(0.5 * k,) * n, episode_share=0.5, temperature=0.7, top_k=5)
+                   token_weights=(0.5 * k,) * n, episode_share=share, temperature=0.7, top_k=5)
 
 
 def test_wire_round_trip_and_malformed_entries():
-    it = item(3, version=7)
+    it = item(3, version=7, share=0.5)
     back = decode_item(encode_item(it))
     assert back == it
     bare = SAWItem(prompt_ids=(1,), completion_ids=(2, 3), weight=1.0)
@@ -93,7 +93,7 @@ async def test_source_drops_stale_and_malformed_and_acks_after_checkpoint(stream
     b1 = await source.next_batch()
     b2 = await source.next_batch()
     assert [it.meta["rollout_id"] for it in b1.items] == ["r0", "r1", "r2"]
-    assert b1.meta["reward_mean"] == pytest.approx((0 * 0.5 + 1 * 0.5 + 2 * 0.5) / 1.5)  # episode-weighted
+    assert b1.meta["reward_mean"] == pytest.approx(1.0)
     assert [it.meta["rollout_id"] for it in b2.items] == ["r3", "r0", "r1"]
     assert b2.meta["pipeline_stale_dropped"] == 1 and b2.meta["pipeline_malformed"] == 1
     assert streams.pending_ids() == fresh + old + bad + late[:2]  # nothing acked before a checkpoint
@@ -121,9 +121,16 @@ async def test_source_drops_stale_and_malformed_and_acks_after_checkpoint(stream
     assert len(ledger.read_text().splitlines()) == 2
 
 
+async def test_a_batch_holds_episodes_not_items(streams):
+    """Per-turn items count as their share of an episode: a batch of 2 episodes is 4 half-items."""
+    SampleWriter(streams).push([item(k, share=0.5) for k in range(6)])
+    b = await PipelineBatchSource(SampleReader(streams), batch_size=2).next_batch()
+    assert len(b.items) == 4 and streams.unread() == 2
+
+
 async def test_source_times_out_without_actors(streams):
     source = PipelineBatchSource(SampleReader(streams), batch_size=2, block_ms=50, timeout_s=0.3)
-    with pytest.raises(TimeoutError, match="0 of 2 items"):
+    with pytest.raises(TimeoutError, match="0 of 2 episodes"):
         await source.next_batch()
 
 

@@ -57,6 +57,8 @@ class AnnouncingPublisher:
         self.streams, self.inner, self.transport, self.keep_last = streams, inner, transport, keep_last
         self.out_dir = Path(out_dir).resolve() if out_dir is not None else None
         self.last_version: int | None = None
+        if hasattr(inner, "server_version"):  # the trainer adopts a reused server's higher version
+            self.server_version = inner.server_version
 
     def publish(self, model: Any, version: int, *, force: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -265,7 +267,7 @@ class Actor:
 def make_learner(model: Any, tokenizer: Any, algorithm: Any, cfg: Any, streams: PipelineStreams, run_dir: str | Path,
                  *, batch_size: int, inner_publisher: Any = None, logger: Any = None,
                  timeout_s: float | None = None, weights_transport: str = "redis") -> Any:
-    """A ``Trainer`` over the sample stream: batches of ``batch_size`` items (``cfg.max_lag``
+    """A ``Trainer`` over the sample stream: batches of ``batch_size`` episodes (``cfg.max_lag``
     drops stale ones), checkpoints in ``run_dir/checkpoints`` (each acknowledges its entries and
     appends to ``pipeline_ledger.jsonl`` there), weights announced after every publish."""
     from ludic.training.trainer import Trainer

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import logging
 import time
 from pathlib import Path
@@ -38,11 +39,13 @@ def _empty_window() -> dict[str, list]:
 
 
 class PipelineBatchSource:
-    """Batches of ``batch_size`` items pulled from the sample stream.
+    """Batches of ``batch_size`` episodes' worth of items pulled from the sample stream.
 
     Args:
         reader: the learner's ``SampleReader``.
-        batch_size: items per batch (the trainer's step).
+        batch_size: episodes per batch (the trainer's step): an item counts as its
+            ``episode_share`` (1 for a whole episode, 1/n for each of an episode's n per-turn items),
+            so a batch holds as many episodes as a synchronous step of the same size.
         version_fn: the learner's current policy version (for ``max_lag``).
         max_lag: drop items whose oldest sampled token is more than this many versions
             behind (None: keep all). Items from versions ahead of the learner (sampled with
@@ -72,11 +75,13 @@ class PipelineBatchSource:
         stale: list[str] = []
         malformed: list[str] = []
         lags: list[int] = []
-        while len(items) < self.batch_size:
+        episodes = 0.0
+        while episodes < self.batch_size - 1e-9:
             if self.timeout_s is not None and time.perf_counter() - t0 > self.timeout_s:
-                raise TimeoutError(f"PipelineBatchSource: {len(items)} of {self.batch_size} items after "
+                raise TimeoutError(f"PipelineBatchSource: {episodes:g} of {self.batch_size} episodes after "
                                    f"{self.timeout_s}s (are the actors running?)")
-            rows = await asyncio.to_thread(self.reader.read, self.batch_size - len(items), self.block_ms)
+            want = max(1, math.floor(self.batch_size - episodes))  # never more than the batch still needs
+            rows = await asyncio.to_thread(self.reader.read, want, self.block_ms)
             version = self.version_fn()
             for entry_id, x in rows:
                 if isinstance(x, MalformedEntry):
@@ -92,6 +97,7 @@ class PipelineBatchSource:
                 lags.append(lag)
                 items.append(x)
                 ids.append(entry_id)
+                episodes += x.episode_share
         self.window["batches"].append(ids)
         self.window["stale"] += stale
         self.window["malformed"] += malformed

@@ -1,6 +1,8 @@
 """Pipeline RL for tic-tac-toe: ``ludic actor tictactoe``, ``ludic learner tictactoe`` and the
 local topology ``ludic train tictactoe --pipeline N`` (a redis-server, N actor processes, this
-process as the learner). Same flags as ``ludic train tictactoe``; the actors and the learner of
+process as the learner). Actors sample in process (``--inference transformers``: weights come
+through Redis) or from a vLLM server (``--inference vllm --port P``: the learner pushes each
+version to the server, which swaps it in while requests run; tokens carry the server's version). Same flags as ``ludic train tictactoe``; the actors and the learner of
 one run must get the same model, prompt and GRPO flags, and the same --redis-url and --stream-prefix.
 
     ludic learner tictactoe --redis-url redis://10.0.0.1:6379/0 --run-dir runs/p1 --train-steps 100
@@ -23,11 +25,18 @@ from ludic.recipes.tictactoe import TrainTicTacToeConfig, default_run_dir, rollo
 def _policy(cfg: TrainTicTacToeConfig) -> tuple[Any, Any]:
     from ludic.training.lora import LoraSettings, load_policy
 
-    if cfg.inference != "transformers":
-        raise ValueError("pipeline actors sample in process (--inference transformers) for now")
     lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult,
                                                        dropout=cfg.lora_dropout)
     return load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+
+
+def _server_url(cfg: TrainTicTacToeConfig) -> str:
+    if cfg.inference not in ("transformers", "vllm"):
+        raise ValueError(f"unknown inference backend {cfg.inference!r}: use transformers or vllm")
+    if not cfg.port:
+        raise ValueError("a pipeline actor or learner with --inference vllm needs the server's --port "
+                         "(ludic train tictactoe --pipeline N --inference vllm starts one)")
+    return f"http://{cfg.host}:{cfg.port}"
 
 
 def _streams(cfg: TrainTicTacToeConfig) -> Any:
@@ -49,8 +58,15 @@ async def _run_actor(cfg: TrainTicTacToeConfig) -> int:
 
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir("tictactoe-actor")
     run_dir.mkdir(parents=True, exist_ok=True)
-    model, tok = _policy(cfg)
-    engine = TransformersEngine(model, tok)
+    if cfg.inference == "vllm":  # the learner pushes weights to the server; tokens carry its version
+        from ludic.inference.models import load_tokenizer
+        from ludic.inference.vllm_client import VLLMChatClient
+
+        model, tok = None, load_tokenizer(cfg.model)
+        engine: Any = VLLMChatClient(_server_url(cfg), tokenizer=tok)
+    else:
+        model, tok = _policy(cfg)
+        engine = TransformersEngine(model, tok)
     source, _, _ = rollout_source(cfg, engine, model, tok, run_dir)
     actor_id = cfg.actor_id or f"actor-{os.getpid()}"
     actor = Actor(_streams(cfg), source, engine, model=model, max_unread=cfg.max_unread, actor_id=actor_id,
@@ -79,8 +95,15 @@ async def _run_learner(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
                    norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.max_completion_tokens * cfg.max_steps_per_episode)
     logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
     streams = _streams(cfg)
+    inner = None
+    if cfg.inference == "vllm":  # push to the server (under its --allowed-weight-dirs), then announce
+        from ludic.inference.publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher
+
+        url = _server_url(cfg)
+        inner = (VLLMFullWeightsPublisher([url], run_dir / "server_weights") if cfg.full_finetune
+                 else VLLMAdapterPublisher([url], run_dir / "server_adapters"))
     trainer = make_learner(model, tok, algo, tcfg, streams, run_dir, batch_size=cfg.rollouts_per_update,
-                           logger=logger, timeout_s=cfg.batch_timeout_s or None)
+                           logger=logger, timeout_s=cfg.batch_timeout_s or None, inner_publisher=inner)
     if cfg.resume and trainer.resume():
         print(f"[learner] resumed from step {trainer.step} in {run_dir}", flush=True)
     last: dict[str, Any] = {}
@@ -104,10 +127,16 @@ def run_local(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
 
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(f"tictactoe-pipeline-{cfg.algorithm}")
     cfg = replace(cfg, run_dir=str(run_dir))
-    server = None
+    server = vllm = None
     if not cfg.redis_url:
         server = RedisServer(run_dir / "redis").start()
         cfg = replace(cfg, redis_url=server.url)
+    if cfg.inference == "vllm" and not cfg.port:  # one server for the actors; the learner pushes to it
+        from ludic.inference.vllm_launcher import VLLMServerProcess
+
+        vllm = VLLMServerProcess(cfg.model, extra_args=["--enable-lora", "--max-lora-rank", str(max(cfg.lora_rank, 8))],
+                                 log_path=run_dir / "vllm_server.log", dtype=cfg.dtype, allowed_dirs=[run_dir]).start()
+        cfg = replace(cfg, port=vllm.port)
     actors: list[subprocess.Popen] = []
     try:
         for k in range(cfg.pipeline):
@@ -123,6 +152,8 @@ def run_local(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
                 p.kill()
         if server is not None:
             server.stop()
+        if vllm is not None:
+            vllm.stop()
 
 
 def cli_args(cfg: TrainTicTacToeConfig, **overrides: Any) -> list[str]:
