@@ -90,7 +90,9 @@ def run_pipeline(steps: int, dtype: str, root: Path, max_lag: int, model: str) -
     out = summarise(run, steps)  # the learner's step_s includes its wait for data
     out["stale_share"] = sum(r.get("pipeline_stale_share", 0.0) for r in rows) / max(len(rows), 1)
     out["lag_mean"] = sum(r.get("pipeline_lag_mean", 0.0) for r in rows) / max(len(rows), 1)
-    out["sampler_kl"] = max((r.get("sampler_kl", 0.0) for r in rows), default=0.0)
+    same = [r for r in rows if r.get("sampler_tokens", 0) > 0]  # tokens sampled by the learner's own weights
+    out["sampler_kl"] = max((r["sampler_kl"] for r in same), default=float("nan"))
+    out["same_version_steps"] = len(same)
     return out
 
 
@@ -110,7 +112,8 @@ def main() -> None:
         pipe = run_pipeline(a.steps, a.dtype, root, a.max_lag, a.model)
         print(f"{flags()}; dtype {a.dtype}; {a.steps} steps of 16 episodes; total {time.perf_counter() - t0:.0f} s")
         for name, r in (("sync", sync), ("pipeline", pipe)):
-            extra = (f", stale {r['stale_share']:.1%}, mean lag {r['lag_mean']:.2f}, sampler KL max {r['sampler_kl']:.2e}"
+            extra = (f", stale {r['stale_share']:.1%}, mean lag {r['lag_mean']:.2f}, sampler-learner KL max "
+                     f"{r['sampler_kl']:.2e} (over {r['same_version_steps']} steps with same-version tokens)"
                      if name == "pipeline" else "")
             print(f"{name:>9}: {r['seconds']:.1f} s for steps 2-{r['steps']}, {r['samples_per_s']:.2f} samples/s, "
                   f"reward (last half) {r['reward']:+.3f}{extra}")

@@ -663,3 +663,12 @@ def test_trainer_refuses_behavior_is_with_several_passes_per_batch():
     model = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match="ppo_epochs=2"):
         Trainer(model, make_algorithm("grpo", behavior_is="token_truncate"), None, TrainerConfig(ppo_epochs=2))
+
+
+def test_sampler_kl_resolves_tiny_mismatches():
+    """A sampler 1e-5 nats away from the learner (a kernel difference) gives KL ~ 5e-11, not 0."""
+    lp = torch.full((4,), -1.0, dtype=torch.float32, requires_grad=True)
+    inp = LossInputs(logp=lp, adv=torch.ones(1), seg=torch.zeros(4, dtype=torch.long), total_tokens=4.0,
+                     total_segments=1.0, old_logp=torch.full((4,), -1.0 - 1e-5))
+    _, stats = compute_loss(inp, LossConfig(kind="ppo"))
+    assert stats["sampler_kl"].item() == pytest.approx(0.5e-10, rel=0.05)

@@ -350,7 +350,8 @@ def compute_loss(inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Te
         log_w = prox - old_logp  # log pi_learner / pi_sampler of each sampled token
         same = inp.same_version if inp.same_version is not None else torch.ones_like(log_w, dtype=torch.bool)
         # KL(sampler || learner) from the sampler's tokens (k3), where both had the same weights
-        stats_is["sampler_kl"] = _mean((torch.exp(log_w) - 1 - log_w)[same])
+        lw = log_w.detach().double()  # float64: k3 ~ x^2/2 vanishes in float32 for |x| < ~1e-4
+        stats_is["sampler_kl"] = _mean((torch.expm1(lw) - lw)[same]).to(dtype)
         stats_is["sampler_tokens"] = same.float().sum()
         if cfg.behavior_is is not None:
             w_is, dropped = behavior_weights(log_w, seg, inp.num_segments, cfg)
