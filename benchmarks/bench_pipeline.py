@@ -16,8 +16,8 @@ What bounds the ratio on a 2-core CPU: both modes share the same two cores, so t
 only win what the synchronous loop leaves idle. A synchronous step alternates generation (small
 batched decode steps that use 2 threads poorly) and training; the pipeline runs both at once with a
 thread each. Its step is then bounded by the slower side (training on 1 thread), not by their sum.
-Measured on an AVX512 2-core VM, fp32, from the recipe's SFT checkpoint: sync 13.9 s per step
-(generation ~5.5 s + training ~7 s), pipeline 9.2 s per step (training on 1 thread): 1.52x samples
+Measured on an AVX512 2-core VM, fp32, from the recipe's SFT checkpoint: sync 14.8 s per step
+(generation ~5.5 s + training ~7.5 s), pipeline 9.8 s per step (training on 1 thread): 1.52x samples
 per second, reward over the last half 0.371 vs 0.383 (same within noise), items one version behind
 (mean lag 0.93), none stale at --max-lag 2. The anchors of larger systems (AReaL up to 2.77x,
 PipelineRL ~2x) come from GPUs where generation and training use separate devices.
