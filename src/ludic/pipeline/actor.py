@@ -246,6 +246,9 @@ class Actor:
         try:
             n = 0
             while batches is None or n < batches:
+                if follow.done():  # weights stopped arriving: say why instead of pushing stale samples
+                    follow.result()
+                    raise RuntimeError("the weight follower stopped")
                 await asyncio.to_thread(self.writer.wait_for_room)
                 batch = await self.source.next_batch()
                 items = [replace(it, meta={**it.meta, "actor": self.actor_id}) for it in batch.items]
