@@ -1,5 +1,6 @@
 """The pipeline's wire format, Redis streams and learner source, against a real redis-server."""
 
+import asyncio
 import json
 import pickle
 
@@ -218,3 +219,38 @@ def test_announced_weights_load_into_an_actor_model(streams, tiny_model_dir, tmp
     if transport == "redis":
         assert sorted(k.decode() for k in streams.redis.scan_iter(match="t:weights:v*")) == \
             ["t:weights:v0000002", "t:weights:v0000003"]
+
+
+async def test_an_actor_whose_weights_fail_to_load_stops_with_the_error(streams):
+    """A weight announcement the actor cannot apply ends the actor with that error (it would
+    otherwise keep pushing samples of ever older weights)."""
+    from ludic.pipeline.actor import Actor
+    from ludic.types import SAWBatch
+
+    class Engine:  # test double: only the swap hook matters here
+        policy_version = 0
+
+        async def swap_weights(self, load, version):
+            load()
+
+    class Source:
+        async def next_batch(self):
+            await asyncio.sleep(0.05)
+            return SAWBatch(items=[item(0)])
+
+    actor = Actor(streams, Source(), Engine(), model=object(), max_unread=1000)
+    streams.announce_weights(0, {"kind": "full", "key": "t:weights:v0000000"})  # key absent: KeyError
+    with pytest.raises(KeyError, match="gone from Redis"):
+        await asyncio.wait_for(actor.run(first_weights_timeout_s=5), 10)  # at the first weights
+
+    async def bad_later():
+        await asyncio.sleep(0.5)
+        streams.announce_weights(2, {"kind": "full", "key": "t:weights:v0000002"})
+
+    streams.announce_weights(1, {"kind": "server"})  # fine: the engine only takes the version
+    actor = Actor(streams, Source(), Engine(), model=object(), max_unread=1000)
+    later = asyncio.create_task(bad_later())
+    with pytest.raises(KeyError, match="gone from Redis"):  # from the follower, mid-run
+        await asyncio.wait_for(actor.run(first_weights_timeout_s=5), 10)
+    await later
+    assert actor.pushed > 0

@@ -179,9 +179,11 @@ class WeightFollower:
             try:
                 await self.engine.swap_weights(lambda: load_weights(self.model, info, self.streams), version)
             except KeyError as e:  # already replaced by a newer version: take that one
-                log.warning("actor: %s", e)
-                self.last_id = entry
-                return await self.catch_up()
+                latest = await asyncio.to_thread(self.streams.latest_weights)
+                if latest is None or latest[2] == entry:
+                    raise  # nothing newer: the weights are lost, say so
+                log.warning("actor: %s; taking version %d", e, latest[0])
+                return await self.apply(latest)
         else:  # the server has the weights already; its responses carry the version
             self.engine.policy_version = version
         self.last_id = entry
