@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -122,3 +123,24 @@ def vowel_grpo_trainer(model_dir, run_dir, trainer_cfg, *, max_tokens=8, strateg
     trainer = Trainer(model, algo, source, trainer_cfg, publisher=InProcessPublisher(engine),
                       checkpoint_dir=run_dir / "ckpt", tokenizer=tok, pad_token_id=tok.pad_token_id)
     return model, engine, trainer
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A real redis-server process (AOF on, appendfsync always) in the test's tmp dir."""
+    from ludic.pipeline.redis_server import RedisServer
+
+    if shutil.which("redis-server") is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is not installed: scripts/setup.sh must install it in CI")
+        pytest.skip("redis-server is not installed (make setup installs it with apt-get)")
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def streams(redis_server):
+    from ludic.pipeline.streams import PipelineStreams
+
+    return PipelineStreams(redis_server.url, prefix="t")
