@@ -114,12 +114,13 @@ def test_actor_kill_9_mid_run_and_a_malformed_entry(redis_server, tiny_model_dir
     """kill -9 one of two actors while it rolls out: the learner keeps training on the other; the
     restarted actor loads the newest weights and pushes again; a malformed entry is skipped,
     counted and logged with its id."""
-    cfg = config(tiny_model_dir, redis_server.url, tmp_path / "learner", steps=8)
+    cfg = config(tiny_model_dir, redis_server.url, tmp_path / "learner", steps=12)
     streams = PipelineStreams(redis_server.url, prefix="f")
     learner = spawn_learner(cfg)
-    # a1 stops after 3 batches (12 items): the learner's 32 need the restarted a0
+    # a1 stops after 2 batches (8 items). By the kill (after the first checkpoint, 8 trained) at most
+    # 8 + 12 unread + a batch in flight per actor exist, so the learner's 48 need the restarted a0
     actors = {"a0": spawn_actor(cfg, "a0", tmp_path / "actors" / "a0"),
-              "a1": spawn_actor(cfg, "a1", tmp_path / "actors" / "a1", batches=3)}
+              "a1": spawn_actor(cfg, "a1", tmp_path / "actors" / "a1", batches=2)}
     bad = SampleWriter(streams).push_raw({b"schema": b"ludic.saw/1", b"head": b"{oops"})
     try:
         wait_for(lambda: ledger_commits(Path(cfg.run_dir)) >= 1, 300, "first checkpoint",
@@ -138,7 +139,7 @@ def test_actor_kill_9_mid_run_and_a_malformed_entry(redis_server, tiny_model_dir
     assert learner.returncode == 0, log[-3000:]
     assert bad in log and "malformed" in log
     sets = audit(streams, Path(cfg.run_dir), tmp_path / "actors", {bad})
-    assert len(sets["trained"]) == 8 * 4
+    assert len(sets["trained"]) == 12 * 4
     # the restarted a0 followed the weights: its pushes after the restart carry newer versions
     lines = [json.loads(x) for x in (tmp_path / "actors" / "a0" / "actor-a0.jsonl").read_text().splitlines()
              if x.strip().endswith("}")]
