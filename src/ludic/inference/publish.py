@@ -150,7 +150,8 @@ def merged_state_dict(model: Any, dtype: torch.dtype | None = torch.bfloat16) ->
     return out
 
 
-def _prune(root: Path, keep_last: int) -> None:
+def prune_versions(root: Path, keep_last: int) -> None:
+    """Delete all but the ``keep_last`` newest ``v*`` folders under ``root`` (a publisher's versions)."""
     dirs = sorted((d for d in root.glob("v*") if d.is_dir()), key=lambda d: d.stat().st_mtime)
     for d in dirs[: max(0, len(dirs) - keep_last)]:
         shutil.rmtree(d, ignore_errors=True)
@@ -276,7 +277,7 @@ class VLLMAdapterPublisher(_HTTPPublisher):
         body = {"name": self.name, "path": str(folder), "version": int(version), "force": force}
         results, errors = self._fan_out("/ludic/load_adapter", lambda url: {"json": body})
         t2 = time.perf_counter()
-        _prune(self.out_dir, self.keep_last)
+        prune_versions(self.out_dir, self.keep_last)
         self.last_version = version
         return {"version": version, "kind": "adapter", "save_s": t1 - t0, "push_s": t2 - t1,
                 "total_s": t2 - t0, "servers": results, "errors": errors}
@@ -338,7 +339,7 @@ class VLLMFullWeightsPublisher(_HTTPPublisher):
         results, errors = self._send(modes, folder, blob, sd, version, force)
         t3 = time.perf_counter()
         if "path" in modes.values():
-            _prune(self.out_dir, self.keep_last)
+            prune_versions(self.out_dir, self.keep_last)
         self.last_version = version
         return {"version": version, "kind": "full", "transport": sorted(set(modes.values())),
                 "extract_s": t1 - t0, "serialize_s": t2 - t1, "push_s": t3 - t2,
@@ -557,7 +558,7 @@ class InProcessPublisher:
                 save_file(merged_state_dict(model), str(folder / "model.safetensors"), metadata={"format": "pt"})
                 t1 = time.perf_counter()
                 eng.update_weights(folder, version=version, force=force)
-            _prune(self.out_dir, self.keep_last)
+            prune_versions(self.out_dir, self.keep_last)
             t2 = time.perf_counter()
             return {"version": version, "kind": self.mode, "save_s": t1 - t0, "push_s": t2 - t1,
                     "total_s": t2 - t0}

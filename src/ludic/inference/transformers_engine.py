@@ -81,12 +81,7 @@ class TransformersEngine:
 
     # -- ChatClient --------------------------------------------------------
     async def complete(self, request: ChatRequest) -> ChatResponse:
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._runner is None or self._runner.done():
-            self._loop = loop
-            self._wakeup = asyncio.Event()
-            self._gen_lock = asyncio.Lock()
-            self._runner = loop.create_task(self._run())
+        loop = self._ensure_runner()
         prompt = list(request.prompt_ids) if request.prompt_ids is not None else render_ids(
             self._tokenizer, request.messages
         )
@@ -95,6 +90,16 @@ class TransformersEngine:
         assert self._wakeup is not None
         self._wakeup.set()
         return await fut
+
+    def _ensure_runner(self) -> asyncio.AbstractEventLoop:
+        """Start the batching task (and its event and lock) on the running loop, once per loop."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._runner is None or self._runner.done():
+            self._loop = loop
+            self._wakeup = asyncio.Event()
+            self._gen_lock = asyncio.Lock()
+            self._runner = loop.create_task(self._run())
+        return loop
 
     async def _run(self) -> None:
         assert self._wakeup is not None
@@ -121,10 +126,8 @@ class TransformersEngine:
         """Run ``load()`` (which changes the model's weights) between two generation batches and
         tag the tokens generated after it with ``version``: an update in flight, as in PipelineRL.
         Requests already queued, or the next turns of running episodes, get the new weights."""
-        loop = asyncio.get_running_loop()
-        if self._gen_lock is None or self._loop is not loop:
-            self._loop, self._gen_lock = loop, asyncio.Lock()
-            self._wakeup, self._runner = asyncio.Event(), loop.create_task(self._run())
+        self._ensure_runner()
+        assert self._gen_lock is not None
         async with self._gen_lock:
             await asyncio.to_thread(load)
             self.policy_version = version

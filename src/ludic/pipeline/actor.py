@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ludic.inference.publish import prune_versions
 from ludic.pipeline.source import PipelineBatchSource
 from ludic.pipeline.streams import PipelineStreams, SampleReader, SampleWriter
 
@@ -69,7 +70,7 @@ class AnnouncingPublisher:
         elif self.transport == "path":
             assert self.out_dir is not None
             info = save_weights(model, self.out_dir / f"v{version:07d}")
-            _prune_versions(self.out_dir, self.keep_last)
+            prune_versions(self.out_dir, self.keep_last)
         else:
             kind, blob = weights_bytes(model)
             key = f"{self.streams.prefix}:weights:v{version:07d}"
@@ -153,14 +154,6 @@ def load_weights(model: Any, info: dict[str, Any], streams: PipelineStreams | No
                 raise ValueError(f"weights the model does not have: {unexpected[:5]} ({info})")
         else:
             raise ValueError(f"unknown weights kind {info['kind']!r} in announcement {info}")
-
-
-def _prune_versions(root: Path, keep: int) -> None:
-    import shutil
-
-    dirs = sorted(d for d in root.glob("v*") if d.is_dir() and not d.name.endswith(".tmp"))
-    for d in dirs[: max(0, len(dirs) - keep)]:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 class WeightFollower:

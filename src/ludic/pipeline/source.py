@@ -66,6 +66,7 @@ class PipelineBatchSource:
         self.ledger_path = Path(ledger_path) if ledger_path else None
         self.window = _empty_window()
         self.commit = 0  # checkpoints whose entries were acknowledged
+        self._ledger: tuple[int, bool] | None = None  # (last commit in the ledger, torn tail), once read
         self.totals = {"trained": 0, "stale": 0, "malformed": 0}
 
     async def next_batch(self) -> SAWBatch:
@@ -135,23 +136,31 @@ class PipelineBatchSource:
     def _commit(self, commit: int, window: dict[str, list]) -> None:
         ids = [i for b in window["batches"] for i in b] + window["stale"] + window["malformed"]
         self.reader.ack(ids)
-        if self.ledger_path is not None and commit > self._ledger_commit():
-            self.ledger_path.parent.mkdir(parents=True, exist_ok=True)
-            torn = self.ledger_path.exists() and not self.ledger_path.read_bytes().endswith(b"\n")
-            with open(self.ledger_path, "a") as f:
-                f.write(("\n" if torn else "") + json.dumps({"commit": commit, **window}) + "\n")
-                f.flush()
+        if self.ledger_path is not None:
+            if self._ledger is None:  # read the ledger once per process, then track it here
+                self._ledger = self._scan_ledger()
+            last, torn = self._ledger
+            if commit > last:
+                self.ledger_path.parent.mkdir(parents=True, exist_ok=True)
+                with open(self.ledger_path, "a") as f:
+                    f.write(("\n" if torn else "") + json.dumps({"commit": commit, **window}) + "\n")
+                    f.flush()
+                self._ledger = (commit, False)
         self.commit = commit
 
-    def _ledger_commit(self) -> int:
-        if self.ledger_path is None or not self.ledger_path.exists():
-            return 0
-        for line in reversed(self.ledger_path.read_text().splitlines()):
+    def _scan_ledger(self) -> tuple[int, bool]:
+        """(the last complete commit in the ledger, whether the file ends in a torn line)."""
+        assert self.ledger_path is not None
+        if not self.ledger_path.exists():
+            return 0, False
+        data = self.ledger_path.read_bytes()
+        torn = not data.endswith(b"\n")
+        for line in reversed(data.decode(errors="replace").splitlines()):
             try:
-                return int(json.loads(line)["commit"])
+                return int(json.loads(line)["commit"]), torn
             except (ValueError, KeyError, TypeError):
                 continue  # a torn line (a kill in the middle of a write)
-        return 0
+        return 0, torn
 
 
 def read_ledger(path: str | Path) -> dict[str, set[str]]:

@@ -84,17 +84,8 @@ class PipelineStreams:
                     return int(lag)
                 # Redis cannot say (e.g. after it restarted from its AOF): count the entries after
                 # the group's last delivered id (few: backpressure bounds them)
-                return self._count_after(_id(g["last-delivered-id"]))
+                return len(self.all_ids(after=_id(g["last-delivered-id"])))
         return int(self.redis.xlen(self.samples)) if self.redis.exists(self.samples) else 0
-
-    def _count_after(self, entry_id: str) -> int:
-        n, start = 0, "(" + entry_id
-        while True:
-            rows = self.redis.xrange(self.samples, min=start, max="+", count=1000)
-            n += len(rows)
-            if len(rows) < 1000:
-                return n
-            start = "(" + _id(rows[-1][0])
 
     def pending_ids(self) -> list[str]:
         """Ids delivered to the learner's group and not acknowledged (``XPENDING``)."""
@@ -107,10 +98,11 @@ class PipelineStreams:
                 return out
             start = "(" + out[-1]
 
-    def all_ids(self) -> list[str]:
-        """Every id in the sample stream (``XRANGE``), acknowledged or not."""
+    def all_ids(self, after: str | None = None) -> list[str]:
+        """Every id in the sample stream (``XRANGE``), acknowledged or not; with ``after``, only
+        those after that id."""
         out: list[str] = []
-        start = "-"
+        start = "-" if after is None else "(" + after
         while True:
             rows = self.redis.xrange(self.samples, min=start, max="+", count=1000)
             out += [_id(i) for i, _ in rows]

@@ -253,7 +253,7 @@ def train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
 async def _train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
     from ludic.recipes.backends import make_inference
     from ludic.training.loggers import make_logger
-    from ludic.training.lora import LoraSettings, load_policy, save_merged_base
+    from ludic.training.lora import save_merged_base
 
     if cfg.rollouts_per_update % cfg.group_size:
         raise ValueError(
@@ -262,10 +262,7 @@ async def _train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(f"tictactoe-{cfg.algorithm}")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
-    lora = None if cfg.full_finetune else LoraSettings(
-        rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult, dropout=cfg.lora_dropout
-    )
-    model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    model, tok = load_train_policy(cfg)
     served = cfg.model
     if cfg.adapter and cfg.inference == "vllm":
         # the policy is base + merged adapter (+ a fresh LoRA): the server must serve those weights
@@ -284,6 +281,24 @@ async def _train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
     finally:
         logger.close()
         await inference.close()
+
+
+def load_train_policy(cfg: TrainTicTacToeConfig) -> tuple[Any, Any]:
+    """(model, tokenizer) to train: ``cfg.model`` (+ ``--adapter`` merged) under a fresh LoRA, or
+    the whole model with ``--full-finetune``."""
+    from ludic.training.lora import LoraSettings, load_policy
+
+    lora = None if cfg.full_finetune else LoraSettings(
+        rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult, dropout=cfg.lora_dropout
+    )
+    return load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+
+
+def trainer_config(cfg: TrainTicTacToeConfig) -> Any:
+    """The run's TrainerConfig with what it leaves open filled in from the game settings: the LR
+    schedule's length (train_steps) and the Dr.GRPO normaliser (the longest possible episode)."""
+    return replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
+                   norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.max_completion_tokens * cfg.max_steps_per_episode)
 
 
 def rollout_source(cfg: TrainTicTacToeConfig, client: ChatClient, model: Any, tok: Any,
@@ -328,8 +343,7 @@ async def grpo_stage(
     from ludic.training.trainer import Trainer
 
     source, algo, league = rollout_source(cfg, inference.client, model, tok, run_dir)
-    tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
-                   norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.max_completion_tokens * cfg.max_steps_per_episode)
+    tcfg = trainer_config(cfg)
     trainer = Trainer(
         model, algo, source, tcfg, publisher=inference.publisher, logger=logger,
         checkpoint_dir=run_dir / "checkpoints", tokenizer=tok, pad_token_id=tok.pad_token_id,

@@ -19,15 +19,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from ludic.recipes.tictactoe import TrainTicTacToeConfig, default_run_dir, rollout_source
-
-
-def _policy(cfg: TrainTicTacToeConfig) -> tuple[Any, Any]:
-    from ludic.training.lora import LoraSettings, load_policy
-
-    lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult,
-                                                       dropout=cfg.lora_dropout)
-    return load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+from ludic.recipes.tictactoe import (TrainTicTacToeConfig, default_run_dir, load_train_policy, rollout_source,
+                                     trainer_config)
 
 
 def _server_url(cfg: TrainTicTacToeConfig) -> str:
@@ -65,7 +58,7 @@ async def _run_actor(cfg: TrainTicTacToeConfig) -> int:
         model, tok = None, load_tokenizer(cfg.model)
         engine: Any = VLLMChatClient(_server_url(cfg), tokenizer=tok)
     else:
-        model, tok = _policy(cfg)
+        model, tok = load_train_policy(cfg)
         engine = TransformersEngine(model, tok)
     source, _, _ = rollout_source(cfg, engine, model, tok, run_dir)
     actor_id = cfg.actor_id or f"actor-{os.getpid()}"
@@ -89,10 +82,9 @@ async def _run_learner(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir("tictactoe-learner")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
-    model, tok = _policy(cfg)
+    model, tok = load_train_policy(cfg)
     algo = algorithm_for(cfg)
-    tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
-                   norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.max_completion_tokens * cfg.max_steps_per_episode)
+    tcfg = trainer_config(cfg)
     logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
     streams = _streams(cfg)
     inner = None
