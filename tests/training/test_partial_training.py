@@ -74,3 +74,63 @@ def test_optimizer_is_fused_adamw_with_the_reference_update(tiny_model_dir):
         ref.step()
     for p, r in zip(params, reference):
         torch.testing.assert_close(p.detach(), r.detach(), rtol=1e-5, atol=1e-6)
+
+
+def _chat_items(tok, n=12):
+    words = ["yes", "no", "maybe", "never", "always", "often", "rarely", "soon", "later", "now", "then", "here"]
+    return [sft_item({"messages": [{"role": "system", "content": "Answer with one word, as asked."},
+                                   {"role": "user", "content": f"Say {w}."}], "completion": w}, tok)
+            for w in words[:n]]
+
+
+@pytest.fixture(scope="module")
+def four_layer_dir(tmp_path_factory):
+    from ludic.inference.models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("m") / "tiny4", layers=4)
+
+
+def test_frozen_bottom_cache_trains_exactly_like_the_plain_forward(four_layer_dir):
+    """Three epochs of SFT with the bottom 2 of 4 layers frozen: with the cache (every step after
+    the first epoch reads the bottom's output from it) the weights end where plain training puts
+    them, and the shared system-prompt prefix is still computed once."""
+    from ludic.training.lora import frozen_bottom_layers
+
+    ends = []
+    for cache in (False, True):
+        model, tok = load_policy(four_layer_dir, dtype="float32", seed=0)
+        freeze_bottom(model, 2)
+        assert frozen_bottom_layers(model) == 2
+        trainer = Trainer(model, make_sft(), OfflineBatchSource(_chat_items(tok), 4, seed=0),
+                          TrainerConfig(lr=1e-2, cache_frozen_bottom=cache), pad_token_id=tok.pad_token_id)
+        losses = [asyncio.run(trainer.train_step())["loss"] for _ in range(9)]
+        ends.append((losses, {n: p.detach().clone() for n, p in model.named_parameters()}, trainer.bottom_cache))
+    (plain_losses, plain, none), (losses, cached, bottom) = ends
+    assert none is None and bottom.misses == 12 and bottom.hits == 24  # each item computed once, in epoch 1
+    torch.testing.assert_close(losses, plain_losses, rtol=1e-4, atol=1e-5)
+    for n, p in plain.items():
+        torch.testing.assert_close(cached[n], p, rtol=1e-4, atol=1e-5)
+    start = {n: p for n, p in load_policy(four_layer_dir, dtype="float32", seed=0)[0].named_parameters()}
+    assert not torch.equal(cached[[n for n in plain if ".layers.3." in n][0]], start[[n for n in plain if ".layers.3." in n][0]])
+
+
+def test_frozen_bottom_cache_refuses_trainable_bottoms_and_checks_itself(four_layer_dir):
+    from ludic.training.batching import FrozenBottomCache, collate
+
+    model, tok = load_policy(four_layer_dir, dtype="float32", seed=0)
+    with pytest.raises(ValueError, match="must be frozen"):
+        FrozenBottomCache(model, 2)
+    with pytest.raises(ValueError, match="layers must be in 1..3"):
+        Trainer(model, make_sft(), OfflineBatchSource(_chat_items(tok), 4, seed=0),
+                TrainerConfig(cache_frozen_bottom=True), pad_token_id=tok.pad_token_id)
+    freeze_bottom(model, 2)
+    cache = FrozenBottomCache(model, 2)
+    items = _chat_items(tok, 4)
+    mb = collate(items, tok.pad_token_id)
+    decoder = model.get_decoder()
+    for it in items:  # wrong states under the right keys: the first use compares with the plain forward
+        key = tuple(it.prompt_ids) + tuple(it.completion_ids)
+        cache._states[key] = torch.ones(len(key), model.config.hidden_size)
+    with pytest.raises(RuntimeError, match="differ from the plain forward"):
+        cache.hidden_states(decoder, mb, 0)
+    assert len(decoder.layers) == 4 and [b.self_attn.layer_idx for b in decoder.layers] == [0, 1, 2, 3]

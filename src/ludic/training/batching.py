@@ -256,31 +256,146 @@ def shared_prefix_len(items: Sequence[SAWItem]) -> int:
     return common_prefix_len([it.prompt_ids for it in items])
 
 
-def _hidden_states(decoder: Any, mb: MicroBatch, prefix: int) -> Tensor:
+def _hidden_states(decoder: Any, mb: MicroBatch, prefix: int, embeds: Tensor | None = None) -> Tensor:
     """Decoder hidden states [B, T, H]; a shared prompt prefix is computed once and broadcast.
 
     With ``prefix`` = L > 0, the prefix runs as a batch of one, its key/value
     cache is repeated over the batch (gradients flow back through the repeat),
     and the rest of every sequence attends to it. The result equals the plain
     forward pass; it saves (B - 1) * L tokens of compute, e.g. the system
-    prompt shared by every item of a micro-batch.
+    prompt shared by every item of a micro-batch. ``embeds`` [B, T, H] replaces
+    the token embeddings as the decoder's input (``FrozenBottomCache``).
     """
+    def inputs(rows: slice, cols: slice) -> dict[str, Tensor]:
+        if embeds is None:
+            return {"input_ids": mb.input_ids[rows, cols]}
+        return {"inputs_embeds": embeds[rows, cols]}
+
     if prefix <= 0:
-        return decoder(input_ids=mb.input_ids, attention_mask=mb.attention_mask).last_hidden_state
+        return decoder(**inputs(slice(None), slice(None)), attention_mask=mb.attention_mask).last_hidden_state
     B, T = mb.input_ids.shape
-    head = decoder(input_ids=mb.input_ids[:1, :prefix], use_cache=True)
+    head = decoder(**inputs(slice(0, 1), slice(0, prefix)), use_cache=True)
     cache = head.past_key_values
     cache.batch_repeat_interleave(B)
     positions = torch.arange(prefix, T, device=mb.input_ids.device)
     tail = decoder(
-        input_ids=mb.input_ids[:, prefix:], attention_mask=mb.attention_mask, past_key_values=cache,
+        **inputs(slice(None), slice(prefix, None)), attention_mask=mb.attention_mask, past_key_values=cache,
         position_ids=positions[None].expand(B, -1), cache_position=positions, use_cache=True,
     ).last_hidden_state
     return torch.cat([head.last_hidden_state.expand(B, -1, -1), tail], dim=1)
 
 
+@contextlib.contextmanager
+def _layer_range(decoder: Any, start: int, stop: int, final_norm: bool = True):
+    """Run ``decoder`` as if it had only layers ``[start, stop)`` (and, without ``final_norm``,
+    no closing norm): its forward then maps the hidden states entering layer ``start`` (given as
+    ``inputs_embeds``) to those leaving layer ``stop - 1``. The layers' cache indices are
+    renumbered from 0 meanwhile, so a key/value cache stays consistent."""
+    layers, norm = decoder.layers, decoder.norm
+    kept = list(layers)[start:stop]
+    idx = [getattr(block.self_attn, "layer_idx", None) for block in kept]
+    try:
+        decoder.layers = torch.nn.ModuleList(kept)
+        if not final_norm:
+            decoder.norm = torch.nn.Identity()
+        for i, block in enumerate(kept):
+            if idx[i] is not None:
+                block.self_attn.layer_idx = i
+        yield decoder
+    finally:
+        decoder.layers, decoder.norm = layers, norm
+        for i, block in enumerate(kept):
+            if idx[i] is not None:
+                block.self_attn.layer_idx = idx[i]
+
+
+class FrozenBottomCache:
+    """The output of a decoder's frozen bottom (the embeddings and the lowest ``layers`` decoder
+    layers), computed once per distinct item and reused on every later visit.
+
+    SFT on a fixed set (``freeze_bottom``, many epochs) sees each item again and again, and
+    nothing below layer ``layers`` trains, so those activations never change: a step then runs
+    only the trainable top, forward and backward. Items are keyed by their token ids. The
+    result equals the plain forward up to float rounding; the first micro-batch is checked
+    against it (a model whose forward treats ``inputs_embeds`` differently, e.g. one that
+    scales them, fails loudly there). Past ``max_bytes`` of stored states the cache stops
+    growing (new items are then computed each time).
+    """
+
+    def __init__(self, model: Any, layers: int, max_bytes: int = 1 << 30, atol: float = 1e-3) -> None:
+        from ludic.training.lora import decoder_layers
+
+        blocks = decoder_layers(model)
+        if not 0 < layers < len(blocks):
+            raise ValueError(f"FrozenBottomCache: layers must be in 1..{len(blocks) - 1}, got {layers}")
+        trainable = [n for n, p in model.named_parameters() if p.requires_grad and _below(n, layers)]
+        if model.get_input_embeddings().weight.requires_grad or trainable:
+            raise ValueError(
+                f"FrozenBottomCache: the embeddings and the bottom {layers} layers must be frozen, but "
+                f"{trainable[:3] or ['the input embeddings']} train (use freeze_bottom first)"
+            )
+        self.layers, self.max_bytes, self.atol = layers, max_bytes, atol
+        self.bytes, self.hits, self.misses = 0, 0, 0
+        self._states: dict[tuple[int, ...], Tensor] = {}
+        self._checked = False
+
+    def inputs(self, decoder: Any, mb: MicroBatch) -> Tensor:
+        """[B, T, H] hidden states entering layer ``layers`` (zeros at padding)."""
+        keys = [tuple(it.prompt_ids) + tuple(it.completion_ids) for it in mb.items]
+        fresh: dict[int, Tensor] = {}
+        missing = [b for b, k in enumerate(keys) if k not in self._states]
+        if missing:
+            rows = torch.tensor(missing, device=mb.input_ids.device)
+            with torch.no_grad(), _layer_range(decoder, 0, self.layers, final_norm=False):
+                out = decoder(input_ids=mb.input_ids[rows], attention_mask=mb.attention_mask[rows]).last_hidden_state
+            for j, b in enumerate(missing):
+                state = out[j, : len(keys[b])].clone()
+                fresh[b] = state
+                if self.bytes + state.numel() * state.element_size() <= self.max_bytes:
+                    self._states[keys[b]] = state
+                    self.bytes += state.numel() * state.element_size()
+        self.misses += len(missing)
+        self.hits += len(keys) - len(missing)
+        B, T = mb.input_ids.shape
+        first = fresh.get(0, self._states.get(keys[0]))
+        x = first.new_zeros(B, T, first.shape[-1])
+        for b, k in enumerate(keys):
+            state = fresh.get(b, self._states.get(k))
+            x[b, : state.shape[0]] = state
+        return x
+
+    def hidden_states(self, decoder: Any, mb: MicroBatch, prefix: int) -> Tensor:
+        """What ``_hidden_states(decoder, mb, prefix)`` returns, with the bottom read from the cache."""
+        x = self.inputs(decoder, mb)
+        with _layer_range(decoder, self.layers, len(decoder.layers)):
+            hidden = _hidden_states(decoder, mb, prefix, embeds=x)
+        if not self._checked:
+            self._checked = True
+            with torch.no_grad():
+                plain = _hidden_states(decoder, mb, 0)
+            mask = mb.attention_mask.bool()
+            err = float((hidden.detach()[mask] - plain[mask]).abs().max()) if mask.any() else 0.0
+            if not err <= self.atol:
+                raise RuntimeError(
+                    f"FrozenBottomCache: hidden states from the cached bottom differ from the plain forward by "
+                    f"{err:.3g} (> {self.atol}); {type(decoder).__name__} does not take cached layer inputs as "
+                    f"inputs_embeds unchanged. Train without the cache."
+                )
+        return hidden
+
+
+def _below(name: str, layers: int) -> bool:
+    """Whether parameter ``name`` belongs to decoder layer < ``layers`` (``...layers.<i>....``)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part == "layers" and parts[i + 1].isdigit():
+            return int(parts[i + 1]) < layers
+    return False
+
+
 def score_actions(
-    model: Any, mb: MicroBatch, *, need_entropy: bool = False, chunk: int = 1024, share_prefix: bool = True
+    model: Any, mb: MicroBatch, *, need_entropy: bool = False, chunk: int = 1024, share_prefix: bool = True,
+    bottom: FrozenBottomCache | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-prob (and optionally entropy) of every action token under ``model``, at the temperature
     each token was sampled with (``mb.temperature``: logits / T, as the sampler drew them).
@@ -296,7 +411,8 @@ def score_actions(
         return _logp_entropy(sel, mb.targets, need_entropy, mb.temperature)
     decoder, head = parts
     prefix = shared_prefix_len(mb.items) if share_prefix and not getattr(decoder, "gradient_checkpointing", False) else 0
-    hidden = _hidden_states(decoder, mb, prefix if prefix >= MIN_SHARED_PREFIX else 0)
+    prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
+    hidden = _hidden_states(decoder, mb, prefix) if bottom is None else bottom.hidden_states(decoder, mb, prefix)
     h = hidden[mb.rows, mb.cols]  # [N, H]
     logps, ents = [], []
     temp = mb.temperature

@@ -31,6 +31,10 @@ class TrainerConfig:
     """Dr.GRPO constant normaliser L (default: the most trained tokens of an item in the batch)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward (less memory, ~30% more compute)."""
+    cache_frozen_bottom: bool = False
+    """Offline data seen for many epochs with the bottom layers frozen (``freeze_bottom``): compute
+    their output once per distinct item and run only the trainable top each step (exact; memory
+    about items x tokens x hidden size x 4 bytes, capped at 1 GiB)."""
     max_lag: int | None = None
     """Drop items sampled more than this many policy versions ago (async pipelines)."""
     publish_every: int = 1

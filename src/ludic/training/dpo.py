@@ -230,7 +230,7 @@ def make_dpo_objective(
     def dpo_objective(trainer: Any, mb: MicroBatch, totals: dict[str, float]) -> tuple[Tensor, dict[str, Tensor]]:
         ci, ri = pair_indices(mb.items)
         n = len(mb.items)
-        logp, _ = score_actions(trainer.model, mb)
+        logp, _ = score_actions(trainer.model, mb, bottom=trainer.bottom_cache)
         with torch.no_grad():
             ref_tok = trainer.ref_logp(mb).to(logp.dtype)
         seq = sequence_logps(logp, mb.seg, n)

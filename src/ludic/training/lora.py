@@ -53,6 +53,19 @@ def freeze_bottom(model: Any, layers: int) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def frozen_bottom_layers(model: Any) -> int:
+    """How many decoder layers from the bottom have no trainable parameter (0 when the input
+    embeddings train): the part of the model ``freeze_bottom`` froze."""
+    if model.get_input_embeddings().weight.requires_grad:
+        return 0
+    n = 0
+    for block in decoder_layers(model):
+        if any(p.requires_grad for p in block.parameters()):
+            break
+        n += 1
+    return n
+
+
 def apply_lora(model: Any, lora: LoraSettings) -> Any:
     from peft import LoraConfig, get_peft_model
 

@@ -32,6 +32,7 @@ from ludic.distributed import is_distributed, is_rank0
 from ludic.rollouts.batch import BatchSource
 from ludic.training.algorithms import Algorithm
 from ludic.training.batching import (
+    FrozenBottomCache,
     MicroBatch,
     adapters_disabled,
     collate,
@@ -42,6 +43,7 @@ from ludic.training.batching import (
 from ludic.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from ludic.training.config import TrainerConfig
 from ludic.training.losses import LossInputs, compute_loss
+from ludic.training.lora import frozen_bottom_layers
 from ludic.types import SAWItem
 
 Objective = Callable[[Any, MicroBatch, dict[str, float]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -52,7 +54,7 @@ def policy_gradient_objective(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Score the action tokens and apply ``trainer.algorithm.loss`` (``compute_loss``)."""
     loss_cfg = trainer.algorithm.loss
-    logp, entropy = score_actions(trainer.model, mb, need_entropy=loss_cfg.needs_entropy)
+    logp, entropy = score_actions(trainer.model, mb, need_entropy=loss_cfg.needs_entropy, bottom=trainer.bottom_cache)
     ref_logp = trainer.ref_logp(mb) if loss_cfg.needs_ref_logp else None
     old = mb.old_logp
     if old is None and loss_cfg.needs_old_logp:
@@ -149,6 +151,8 @@ class Trainer:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("Trainer: the model has no trainable parameters")
+        self.bottom_cache = FrozenBottomCache(model, frozen_bottom_layers(model)) if self.cfg.cache_frozen_bottom else None
+        """Outputs of the frozen bottom layers per item (``TrainerConfig.cache_frozen_bottom``)."""
         self.optimizer = make_optimizer(params, self.cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
 
