@@ -49,8 +49,11 @@ class RecipeConfig:
     budget_minutes: float = 27.0
     """Wall-time budget of the whole recipe, evaluations included: SFT and RL steps are set
     from the step times measured in this run (0: use --sft-steps / --rl-rounds as given)."""
-    sft_share: float = 0.25
-    """Share of the budget left after the base evaluation that goes to SFT (the rest: RL and evaluations)."""
+    sft_epochs: float = 12.0
+    """SFT length, in passes over the teacher positions (with a budget: capped by ``sft_share``)."""
+    sft_share: float = 0.4
+    """Most of the budget left after the base evaluation that SFT may take (fewer epochs when
+    ``sft_epochs`` would not fit); RL and the evaluations get the rest."""
     ctx: str = "last"
     """Prompt view: last (latest board only) for this recipe; truncated runs the seed's workflow."""
     system_prompt: str = "Tic-tac-toe."
@@ -63,7 +66,7 @@ class RecipeConfig:
     show_moves: bool = False
     """List the free cells in the prompt (costs ~18 tokens per prompt)."""
     sft_steps: int = 0
-    """SFT optimizer steps (0: from the budget)."""
+    """SFT optimizer steps (0: ``sft_epochs``, fitted to the budget)."""
     sft_batch_size: int = 16
     sft_lr: float = 2e-4
     sft_frozen_share: float = 0.5
@@ -169,11 +172,16 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     print(f"[recipe] SFT trains {trainable / 1e6:.1f}M parameters ({frozen} of {n_layers} layers "
           f"{'and the embeddings ' if frozen else ''}frozen)", flush=True)
     source = OfflineBatchSource(items, cfg.sft_batch_size, seed=cfg.seed)
-    fixed = cfg.sft_steps or math.ceil(3 * len(items) / cfg.sft_batch_size)
+    fixed = cfg.sft_steps or math.ceil(cfg.sft_epochs * len(items) / cfg.sft_batch_size)
     tcfg = TrainerConfig(lr=cfg.sft_lr, lr_schedule="cosine", micro_token_budget=cfg.micro_token_budget,
-                         total_steps=fixed, warmup_steps=3)
+                         total_steps=fixed, warmup_steps=3, cache_frozen_bottom=frozen > 0)
     trainer = Trainer(model, make_sft(), source, tcfg, checkpoint_dir=None, tokenizer=tok,
                       pad_token_id=tok.pad_token_id)
+    if trainer.bottom_cache is not None:  # every step then runs the trainable top only, from the first
+        t0 = time.perf_counter()
+        trainer.bottom_cache.fill(model, items, tok.pad_token_id)
+        print(f"[recipe] SFT: the frozen bottom's output for {len(items)} positions in "
+              f"{time.perf_counter() - t0:.1f} s ({trainer.bottom_cache.bytes / 2**20:.0f} MiB)", flush=True)
     calibrate = bool(cfg.budget_minutes and not cfg.sft_steps)  # the step count is known after a few steps
     sft_logger = make_logger(cfg.logger, sft_dir, asdict(tcfg), total_steps=None if calibrate else fixed)
     sft_budget = cfg.sft_share * clock.left()
@@ -191,12 +199,13 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
             per_step = statistics.median(step_times[1:])  # the first step warms up
             per_curve = ev.positions_seconds or 20.0
             left = sft_budget - (time.perf_counter() - t_sft) - cfg.curve_points * per_curve
-            steps = max(step, step + int(left / per_step))
+            steps = max(step, min(fixed, step + int(left / per_step)))
             trainer.cfg.total_steps = steps
             curve_at = curve_steps(steps)
             sft_logger.log(step, {"planned_steps": steps})
-            print(f"[recipe] SFT: {per_step:.1f} s/step -> {steps} steps "
-                  f"({steps * cfg.sft_batch_size / len(items):.1f} epochs) in {sft_budget / 60:.1f} min", flush=True)
+            print(f"[recipe] SFT: {per_step:.2f} s/step -> {steps} steps "
+                  f"({steps * cfg.sft_batch_size / len(items):.1f} of {cfg.sft_epochs:g} epochs; at most "
+                  f"{sft_budget / 60:.1f} min)", flush=True)
         if step in curve_at:
             t0 = time.perf_counter()
             await ev.positions("sft", step)
