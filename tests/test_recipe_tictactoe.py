@@ -213,3 +213,15 @@ def test_position_grpo_with_kl_keeps_solved_groups_and_reports_kl(tiny_model_dir
         # the random tiny model answers illegally: every sample scores the same, zero advantage
         assert m["num_rollouts"] == 4 and m["num_items_filtered"] == (0 if expect_all else 4), m
         assert ("kl" in m) is expect_all, m
+
+
+def test_recipes_reject_an_unknown_logger_before_any_work(tmp_path):
+    """A --logger typo used to surface when SFT first logged, after the base evaluation."""
+    from ludic.recipes.tictactoe_recipe import RecipeConfig, recipe
+    from ludic.recipes.tictactoe_seed_recipe import SeedRecipeConfig, seed_recipe
+
+    missing = str(tmp_path / "no-such-model")  # loading it would fail with another error
+    with pytest.raises(ValueError, match="unknown logger 'plain'"):
+        recipe(RecipeConfig(model=missing, run_dir=str(tmp_path / "r"), logger="plain"))
+    with pytest.raises(ValueError, match="unknown logger 'plain'"):
+        seed_recipe(SeedRecipeConfig(model=missing, run_dir=str(tmp_path / "s"), logger="plain"))

@@ -49,7 +49,7 @@ class RecipeConfig:
     budget_minutes: float = 27.0
     """Wall-time budget of the whole recipe, evaluations included: SFT and RL steps are set
     from the step times measured in this run (0: use --sft-steps / --rl-rounds as given)."""
-    sft_epochs: float = 12.0
+    sft_epochs: float = 10.0
     """SFT length, in passes over the teacher positions (with a budget: capped by ``sft_share``)."""
     sft_share: float = 0.4
     """Most of the budget left after the base evaluation that SFT may take (fewer epochs when
@@ -128,12 +128,13 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.recipes.tictactoe_positions import PositionGRPO, PositionRLConfig, View
     from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
-    from ludic.training.loggers import make_logger
+    from ludic.training.loggers import logger_names, make_logger
     from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, freeze_bottom, load_policy
     from ludic.training.trainer import Trainer
 
     if cfg.answer not in ANSWER_TOKENS:
         raise ValueError(f"--answer must be one of {sorted(ANSWER_TOKENS)}, got {cfg.answer!r}")
+    logger_names(cfg.logger)  # a typo fails now, not after the base evaluation
     if not cfg.system_prompt:
         raise ValueError("--system-prompt must be non-empty (an empty one would fall back to the env's long rules)")
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir("recipe-tictactoe")

@@ -81,9 +81,10 @@ async def _seed_recipe(cfg: SeedRecipeConfig) -> dict[str, Any]:
     from ludic.recipes.tictactoe import SYSTEM_PROMPT, TrainTicTacToeConfig, default_run_dir, grpo_stage
     from ludic.recipes.tictactoe_recipe import Clock, machine
     from ludic.training.config import TrainerConfig
-    from ludic.training.loggers import make_logger
+    from ludic.training.loggers import logger_names, make_logger
     from ludic.training.lora import LoraSettings, apply_lora, load_policy
 
+    logger_names(cfg.logger)  # a typo fails now, not after the first stage
     if cfg.ctx not in ("truncated", "full"):
         raise ValueError(f"the seed workflow runs with ctx truncated (or full), got {cfg.ctx!r}")
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir("recipe-tictactoe-seed")

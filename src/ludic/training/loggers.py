@@ -142,16 +142,27 @@ class MultiLogger:
                 pass
 
 
+LOGGER_NAMES = ("rich", "print", "wandb", "tensorboard", "none")
+
+
+def logger_names(spec: str) -> list[str]:
+    """The sinks of a ``--logger`` spec (comma- or plus-separated); an unknown one is a ValueError
+    naming it, so a recipe can check its flag before minutes of work, not when it first logs."""
+    names = [s.strip() for s in spec.replace("+", ",").split(",") if s.strip()]
+    for name in names:
+        if name not in LOGGER_NAMES:
+            raise ValueError(f"unknown logger {name!r} in --logger {spec!r}: use {', '.join(LOGGER_NAMES)}")
+    return names
+
+
 def make_logger(spec: str, run_dir: Path, config: dict[str, Any], total_steps: int | None = None) -> MultiLogger:
     """``spec``: comma- or plus-separated from {rich, print, wandb, tensorboard, none}; JSONL is always on."""
     loggers: list[Any] = [JsonlLogger(run_dir / "metrics.jsonl")]
-    for name in [s.strip() for s in spec.replace("+", ",").split(",") if s.strip()]:
+    for name in logger_names(spec):
         if name in ("rich", "print"):
             loggers.append(RichLogger(total_steps))
         elif name == "wandb":
             loggers.append(WandbLogger(run_dir, config))
         elif name == "tensorboard":
             loggers.append(TensorBoardLogger(run_dir))
-        elif name != "none":
-            raise ValueError(f"unknown logger {name!r}: use rich, print, wandb, tensorboard or none")
     return MultiLogger(loggers)
