@@ -220,7 +220,7 @@ def test_recipes_reject_an_unknown_logger_before_any_work(tmp_path):
     from ludic.recipes.tictactoe_recipe import RecipeConfig, recipe
     from ludic.recipes.tictactoe_seed_recipe import SeedRecipeConfig, seed_recipe
 
-    missing = str(tmp_path / "no-such-model")  # loading it would fail with another error
+    missing = str(tmp_path / "no-such-model")  # loading it would fail with FileNotFoundError
     with pytest.raises(ValueError, match="unknown logger 'plain'"):
         recipe(RecipeConfig(model=missing, run_dir=str(tmp_path / "r"), logger="plain"))
     with pytest.raises(ValueError, match="unknown logger 'plain'"):

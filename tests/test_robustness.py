@@ -218,3 +218,14 @@ async def test_cancellation_and_keyboard_interrupt_are_not_swallowed(scripted, t
     engine = RolloutEngine({"c": Cancelled})
     with pytest.raises(asyncio.CancelledError):
         await engine.generate_rollouts([RolloutRequest(EnvSpec("tictactoe"), "c")])
+
+
+def test_a_missing_model_folder_is_named_not_taken_for_a_hub_id(tmp_path):
+    """``--model /path/typo`` used to surface as huggingface_hub's "Repo id must be in the form
+    'repo_name' or 'namespace/repo_name'"."""
+    from ludic.inference.models import load_model, load_tokenizer
+
+    missing = str(tmp_path / "no-such-model")
+    for load in (load_model, load_tokenizer):
+        with pytest.raises(FileNotFoundError, match="no-such-model.*no such folder"):
+            load(missing)

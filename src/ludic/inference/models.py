@@ -89,7 +89,12 @@ def resolve_model(name: str | None) -> str:
     """Map a model name to something ``from_pretrained`` can load offline when possible."""
     if name is None or name in PACKAGED_ALIASES:
         return str(packaged_model_dir())
-    return name
+    if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().is_dir():
+        raise FileNotFoundError(
+            f"model {name!r}: no such folder (a local model is a folder with config.json; a hub id looks "
+            f"like 'org/name'; the packaged default is {DEFAULT_MODEL!r})"
+        )
+    return str(Path(name).expanduser()) if name.startswith("~") else name
 
 
 def cpu_has_fast_bf16() -> bool:
