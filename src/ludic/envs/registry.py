@@ -45,6 +45,7 @@ ENVS: Registry[EnvFactory] = Registry("env kind", {
     "tictactoe_selfplay": "ludic.envs.tictactoe:TicTacToeGame",
     "prompt": "ludic.envs.prompt_env:PromptEnv",
     "tictactoe_position": "ludic.envs.tictactoe_positions:TicTacToePositionEnv",
+    "openspiel": "ludic.envs.openspiel:OpenSpielEnv",
 })
 
 
