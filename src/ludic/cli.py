@@ -2,6 +2,8 @@
 
     ludic train tictactoe [flags]     GRPO + LoRA on tic-tac-toe
     ludic train prompts [flags]       GRPO on a JSONL prompt dataset with a reward function
+    ludic train games [flags]         PPO (value head, GAE, adaptive KL) + LoRA on OpenSpiel games
+    ludic eval games [flags]          score / success / invalid answers per game (--exploitability: NashConv)
     ludic train tictactoe --pipeline N  pipeline RL: Redis, N actor processes, this one learns
     ludic actor tictactoe [flags]     pipeline actor: roll out, push to Redis, follow the weights
     ludic learner tictactoe [flags]   pipeline learner: train on Redis batches, checkpoint, announce
@@ -119,6 +121,37 @@ def _recipe_tictactoe(argv: list[str]) -> None:
     print(json.dumps({"results": report["results"], "seconds": report["seconds"]}, indent=2))
 
 
+def _train_games(argv: list[str]) -> None:
+    from pathlib import Path
+
+    from ludic.recipes.games import TrainGamesConfig, original_config_argv, train_games
+
+    def flag(name: str) -> str | None:
+        for k, v in zip(argv, argv[1:]):
+            if k == name:
+                return v
+        return next((a.split("=", 1)[1] for a in argv if a.startswith(name + "=")), None)
+
+    def load(path: str | None) -> dict | None:
+        if not path:
+            return None
+        try:
+            return json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"ludic train games: cannot read {path}: {e}")
+
+    # the original trainer's JSON configs first: flags given on the command line come later and win
+    base = original_config_argv(load(flag("--config")), load(flag("--env-config")))
+    out = train_games(parse_config(TrainGamesConfig, base + argv, prog="ludic train games"))
+    print(json.dumps({k: v for k, v in out.items() if isinstance(v, (int, float, list))}, indent=2))
+
+
+def _eval_games(argv: list[str]) -> None:
+    from ludic.recipes.games import EvalGamesConfig, eval_games
+
+    print(json.dumps(eval_games(parse_config(EvalGamesConfig, argv, prog="ludic eval games")), indent=2))
+
+
 def _model_prepare(argv: list[str]) -> None:
     from ludic.inference.models import make_tiny_model, packaged_model_dir, cache_dir
 
@@ -131,6 +164,8 @@ def _model_prepare(argv: list[str]) -> None:
 COMMANDS: dict[tuple[str, ...], Callable[[list[str]], None]] = {
     ("train", "tictactoe"): _train_tictactoe,
     ("train", "prompts"): _train_prompts,
+    ("train", "games"): _train_games,
+    ("eval", "games"): _eval_games,
     ("actor", "tictactoe"): _actor_tictactoe,
     ("learner", "tictactoe"): _learner_tictactoe,
     ("eval", "tictactoe"): _eval_tictactoe,

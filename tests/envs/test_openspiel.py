@@ -31,7 +31,7 @@ def _play(env, seed, rng, *, bad_first=True, max_turns=3000):
         outcomes = env.step(actions)
         if bad_first and turns == 0:
             first = next(iter(actions))
-            assert outcomes[first].obs == RETRY_MESSAGE.format(attempt=2, attempts=3)
+            assert outcomes[first].obs.startswith(RETRY_MESSAGE.format(attempt=2, attempts=3) + "\n\nCurrent State:")
             assert outcomes[first].info["invalid"] and not outcomes[first].terminated
         turns += 1
     return outcomes, turns

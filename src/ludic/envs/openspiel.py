@@ -261,6 +261,48 @@ def score_for(game: Any, returns: Sequence[float], player: int) -> float:
     return 1.0 if r > other else 0.5 if r == other else 0.0
 
 
+# ------------------------------------------------------------------------- readable states
+_KUHN_CARDS = "JQK"
+_LEDUC_CARDS = ("J\u2660", "J\u2665", "Q\u2660", "Q\u2665", "K\u2660", "K\u2665")
+_LEDUC_MOVES = {"0": "fold", "1": "call", "2": "raise"}
+
+
+def kuhn_text(info_state: str, seat: int) -> str:
+    """Kuhn poker's information state ("1pb": card Q, then pass, bet) in words."""
+    card, history = int(info_state[0]), info_state[1:]
+    put = [1, 1]
+    moves = []
+    for i, ch in enumerate(history):
+        who = i % 2
+        if ch == "b":
+            put[who] += 1
+        moves.append(f"Player {who} {'bet' if ch == 'b' else 'passed'}")
+    return (f"Your card: {_KUHN_CARDS[card]}\nActions so far: {', '.join(moves) or 'none'}\n"
+            f"Pot: {sum(put)} chips (you put in {put[seat]}, your opponent {put[1 - seat]})")
+
+
+def leduc_text(info_state: str, seat: int) -> str:
+    """Leduc poker's information state ("[Private: 3][Round 2]...[Round1: 2 1][Round2: ]") in words."""
+    fields = dict(re.findall(r"\[([^:\]]+):? ?([^\]]*)\]", info_state))
+    try:
+        card = _LEDUC_CARDS[int(fields["Private"])]
+        public = fields.get("Public")
+        money = [int(x) for x in fields["Money"].split()]
+        rounds = [" ".join(_LEDUC_MOVES.get(m, m) for m in fields.get(f"Round{k}", "").split()) or "none"
+                  for k in (1, 2)]
+    except (KeyError, ValueError, IndexError):
+        return info_state  # an unexpected format: the raw string still identifies the state
+    board = f"Public card: {_LEDUC_CARDS[int(public)]}" if public not in (None, "") else "Public card: not dealt yet"
+    rnd = next((k for k in fields if k.startswith("Round ")), "Round 1").split()[-1]
+    return (f"Your card: {card}\n{board}\nBetting round: {rnd} of 2\nPot: {fields.get('Pot', '?')} chips; "
+            f"your chips left: {money[seat]}, your opponent's: {money[1 - seat]}\n"
+            f"Round 1 actions: {rounds[0]}\nRound 2 actions: {rounds[1]}")
+
+
+READABLE: dict[str, Callable[[str, int], str]] = {"kuhn_poker": kuhn_text, "leduc_poker": leduc_text}
+"""Games whose seat view is their information state in words."""
+
+
 # ---------------------------------------------------------------------------------------- bots
 Bot = Callable[[Any, int], int]
 """``(state, player) -> action`` for a seat no agent plays."""
@@ -322,6 +364,9 @@ class OpenSpielEnv(LudicEnv):
         mcts: (simulations, rollouts) for ``"mcts"``, instead of the game's preset.
         max_attempts: answers per turn before the seat forfeits (score 0).
         invalid_reward: reward of an answer that names no legal action (the game goes on).
+        readable: kuhn_poker and leduc_poker state in words (``READABLE``) instead of pyspiel's
+            terse strings ("1b", "[Private: 3][Round1: 1 1]..."); both identify the same
+            information state.
     """
 
     def __init__(
@@ -335,6 +380,7 @@ class OpenSpielEnv(LudicEnv):
         mcts: tuple[int, int] | None = None,
         max_attempts: int = 3,
         invalid_reward: float = 0.0,
+        readable: bool = True,
     ) -> None:
         if (game is None) == (task_id is None):
             raise ValueError("OpenSpielEnv: give a game name or a task_id (one of them)")
@@ -360,7 +406,7 @@ class OpenSpielEnv(LudicEnv):
             self._fixed_seats = sorted(fixed)
             self._ids = [f"player_{s}" for s in self._fixed_seats]
         self.opponent, self.mcts = opponent, mcts
-        self.max_attempts, self.invalid_reward = max_attempts, invalid_reward
+        self.max_attempts, self.invalid_reward, self.readable = max_attempts, invalid_reward, readable
         self.state: Any = None
         self.seat_of: dict[str, int] = {}
         self._bots: dict[int, Bot] = {}
@@ -406,8 +452,12 @@ class OpenSpielEnv(LudicEnv):
 
     # -- text ----------------------------------------------------------------------------
     def state_text(self, seat: int) -> str:
-        """The state as ``seat`` may see it (no other seat's private information)."""
+        """The state as ``seat`` may see it (no other seat's private information): a readable
+        rendering of the information state for the poker games of ``READABLE``, else pyspiel's
+        observation string, else its information-state string."""
         t = self.game.get_type()
+        if self.readable and self.task.game in READABLE:
+            return READABLE[self.task.game](self.state.information_state_string(seat), seat)
         if t.provides_observation_string:
             return self.state.observation_string(seat)
         if t.provides_information_state_string:
@@ -422,16 +472,20 @@ class OpenSpielEnv(LudicEnv):
         legal = [int(a) for a in self.state.legal_actions(seat)]
         return legal, [self.state.action_to_string(seat, a) for a in legal]
 
+    def turn_text(self, seat: int) -> str:
+        """What ``seat`` sees when it must act: its view of the state and its legal actions."""
+        legal, names = self.legal_lines(seat)
+        lines = "\n".join(f"{a} -> {n}" for a, n in zip(legal, names))
+        return (f"Current State:\n{self.state_text(seat)}\n\nYou are Player {seat}.\nLegal Actions:\n{lines}\n\n"
+                "Your choice (ID only):")
+
     def observe(self, agent_id: str) -> str:
         seat = self.seat_of[agent_id]
         if self.over:
             return self._final_text(agent_id)
         if agent_id not in self.active_agents:
             return f"Current State:\n{self.state_text(seat)}\n\nYou are Player {seat}. Waiting for the other players."
-        legal, names = self.legal_lines(seat)
-        lines = "\n".join(f"{a} -> {n}" for a, n in zip(legal, names))
-        return (f"Current State:\n{self.state_text(seat)}\n\nYou are Player {seat}.\nLegal Actions:\n{lines}\n\n"
-                "Your choice (ID only):")
+        return self.turn_text(seat)
 
     def _final_text(self, agent_id: str) -> str:
         seat = self.seat_of[agent_id]
@@ -550,7 +604,9 @@ class OpenSpielEnv(LudicEnv):
             info = dict(infos.get(agent, {}))
             if agent in actions and info.get("invalid") and not self.over:
                 msg = RETRY_MESSAGE.format(attempt=self._attempts[agent] + 1, attempts=self.max_attempts)
-                out[agent] = StepOutcome(msg, self.invalid_reward, info=info)
+                # the turn again below it: a history-free context (ctx last) still shows the state
+                out[agent] = StepOutcome(f"{msg}\n\n{self.turn_text(self.seat_of[agent])}", self.invalid_reward,
+                                         info=info)
                 continue
             reward = self.invalid_reward if info.get("invalid") else 0.0
             if self.over:

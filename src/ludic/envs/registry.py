@@ -46,6 +46,7 @@ ENVS: Registry[EnvFactory] = Registry("env kind", {
     "prompt": "ludic.envs.prompt_env:PromptEnv",
     "tictactoe_position": "ludic.envs.tictactoe_positions:TicTacToePositionEnv",
     "openspiel": "ludic.envs.openspiel:OpenSpielEnv",
+    "trace": "ludic.envs.trace:TraceEnv",
 })
 
 

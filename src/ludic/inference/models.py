@@ -85,10 +85,11 @@ def convert_gguf(gguf_path: Path, out: Path) -> None:
     tmp.rename(out)
 
 
-def resolve_model(name: str | None) -> str:
+def resolve_model(name: "str | os.PathLike[str] | None") -> str:
     """Map a model name to something ``from_pretrained`` can load offline when possible."""
     if name is None or name in PACKAGED_ALIASES:
         return str(packaged_model_dir())
+    name = str(name)  # a Path is fine too
     if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().is_dir():
         raise FileNotFoundError(
             f"model {name!r}: no such folder (a local model is a folder with config.json; a hub id looks "

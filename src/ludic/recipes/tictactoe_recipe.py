@@ -384,7 +384,10 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
+    limited = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+               if k in os.environ}
     return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "isa": isa,
+            "kernels": torch.backends.cpu.get_cpu_capability(), "isa_limits": limited,
             "processor": platform.processor() or platform.machine(), "torch": torch.__version__}
 
 
@@ -439,7 +442,9 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
         "policy itself).\n\n"
         f"Evaluate the result again (or against random) with:\n\n```\n{eval_command(run_dir, report['config'])}\n```\n\n"
         f"Machine: {m['cpus']} CPUs ({', '.join(m['isa']) or 'no AVX2'}), {m['torch_threads']} torch threads, "
-        f"torch {m['torch']}, dtype {report['config']['dtype']}.\n\n![learning curves](learning_curves.png)\n"
+        f"torch {m['torch']} ({m.get('kernels', '?')} kernels"
+        + (f"; limited by {', '.join(f'{k}={v}' for k, v in m['isa_limits'].items())}" if m.get("isa_limits") else "")
+        + f"), dtype {report['config']['dtype']}.\n\n![learning curves](learning_curves.png)\n"
     )
     (run_dir / "report.md").write_text(text)
     try:

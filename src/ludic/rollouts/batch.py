@@ -139,8 +139,11 @@ def build_saw_items(
 
     ``merge_turns=False`` forces one item per turn everywhere (for comparisons).
     """
+    if getattr(credit, "needs_turn_items", False) and merge_turns:
+        raise ValueError(f"{credit!r} gives each turn its own value: build one item per turn (merge_turns=False)")
     usable = [r for r in rollouts if not r.meta.get("failed") and is_trained(r)]
     weights = credit.compute(usable)
+    extras = getattr(credit, "step_extras", None) or {}
     items = []
     for r in usable:
         w = {}
@@ -153,7 +156,11 @@ def build_saw_items(
             w[s.index] = v
         chains = turn_chains(r.steps, merge_turns)
         for chain in chains:
-            items.append(_chain_item(r, chain, w, 1.0 / len(chains)))
+            item = _chain_item(r, chain, w, 1.0 / len(chains))
+            extra = extras.get((r.id, chain[0].index)) if len(chain) == 1 else None
+            if extra:  # per-turn values of the credit assigner (GAE: value_old, value_target)
+                item.meta.update(extra)
+            items.append(item)
     return items
 
 

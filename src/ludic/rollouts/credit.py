@@ -8,6 +8,7 @@ item's ``weight`` (the advantage of that completion).
     PerStepReward             w_t = r_t
     EpisodicReturn            w_t = sum_t r_t for every step
     ConstantCredit            w_t = c  (SFT / behaviour cloning)
+    GAE(values, gamma, lam)   A_t = sum_k (gamma lam)^k delta_{t+k}, with a learner-side critic (PPO)
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from ludic.types import Rollout
 
@@ -135,6 +136,72 @@ class GroupNormalizedReturn:
         return out
 
 
+StepValues = Callable[[Sequence[Rollout]], dict[StepKey, float]]
+"""``rollouts -> {(rollout id, step index): V(s_t)}``: the learner's no-grad value pass
+(``ludic.training.value.ValueFunction``)."""
+
+
+class GAE:
+    """Generalised advantage estimation (PPO): per-turn credit from rewards and a critic.
+
+    With V_t the value of the state the agent saw at its turn t and r_t that turn's reward
+    (intermediate rewards as they come, the final score on the last turn)::
+
+        delta_t = r_t + gamma * V_{t+1} - V_t        (V_T = 0 after the last turn)
+        A_t     = delta_t + gamma * lam * A_{t+1}
+
+    The value target of turn t is A_t + V_t. Both (``value_old``: V_t, ``value_target``) reach
+    the items' meta through ``step_extras``, for the clipped value loss. A truncated episode
+    (max turns) is bootstrapped with 0, as a terminal one.
+
+    Args:
+        values: the value pass (``ValueFunction(model, pad_id)``), called once per batch.
+        gamma, lam: discount and GAE lambda.
+        normalize: scale the batch's advantages to mean 0, std 1 (value targets are not scaled).
+    """
+
+    needs_turn_items = True
+    """Items must be one per turn (``merge_turns=False``): each has its own value and target."""
+
+    def __init__(self, values: StepValues | None = None, gamma: float = 1.0, lam: float = 0.95,
+                 normalize: bool = True) -> None:
+        if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
+            raise ValueError(f"GAE needs 0 <= gamma, lam <= 1, got gamma={gamma}, lam={lam}")
+        self.values, self.gamma, self.lam, self.normalize = values, gamma, lam, normalize
+        self.step_extras: dict[StepKey, dict[str, float]] = {}
+
+    def __repr__(self) -> str:
+        return f"GAE(gamma={self.gamma}, lam={self.lam}, normalize={self.normalize})"
+
+    def compute(self, rollouts: Sequence[Rollout]) -> dict[StepKey, float]:
+        if self.values is None:
+            raise ValueError("GAE has no value function: pass values=ValueFunction(model, pad_id)")
+        v = self.values(rollouts)
+        out: dict[StepKey, float] = {}
+        self.step_extras = {}
+        for r in rollouts:
+            adv, nxt, carried = 0.0, 0.0, 0.0
+            for s in reversed(r.steps):
+                key = (r.id, s.index)
+                if key not in v:  # no sampled tokens (nothing to train): its reward goes to the turn before
+                    out[key] = 0.0
+                    carried += s.reward
+                    continue
+                delta = s.reward + carried + self.gamma * nxt - v[key]
+                carried = 0.0
+                adv = delta + self.gamma * self.lam * adv
+                out[key] = adv
+                self.step_extras[key] = {"value_old": v[key], "value_target": adv + v[key]}
+                nxt = v[key]
+        if self.normalize and self.step_extras:
+            xs = [out[k] for k in self.step_extras]
+            mean = sum(xs) / len(xs)
+            std = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+            for k in self.step_extras:
+                out[k] = (out[k] - mean) / (std + 1e-8)
+        return out
+
+
 def make_credit(name: str, **kwargs) -> CreditAssigner:
     """Build a credit assigner by name (for configs and the CLI)."""
     table = {
@@ -143,6 +210,7 @@ def make_credit(name: str, **kwargs) -> CreditAssigner:
         "per_step": PerStepReward,
         "episodic": EpisodicReturn,
         "constant": ConstantCredit,
+        "gae": GAE,
     }
     if name not in table:
         raise ValueError(f"unknown credit assigner {name!r}; choose from {sorted(table)}")

@@ -8,6 +8,7 @@
     make_rloo()       leave-one-out group baseline + REINFORCE with truncated IS
     make_reinforce()  Monte Carlo return + REINFORCE
     make_reinforce_baseline()  MC return, batch-mean baseline
+    make_ppo()        GAE with a value head (learner-side value pass) + clipped policy and value losses + KL
     make_sft()        constant credit 1 + NLL on action tokens
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 from ludic.rollouts.batch import SampleFilter, drop_zero_weight
 from ludic.rollouts.credit import (
+    GAE,
     ConstantCredit,
     CreditAssigner,
     GroupNormalizedReturn,
@@ -76,6 +78,16 @@ def make_reinforce_baseline(gamma: float = 1.0, *, normalize_std: bool = False, 
     return Algorithm("reinforce_baseline", MonteCarloReturn(gamma), cfg)
 
 
+def make_ppo(values: Any = None, *, gamma: float = 1.0, lam: float = 0.95, vf_coef: float = 0.1,
+             kl_coef: float = 0.2, **loss: Any) -> Algorithm:
+    """PPO with a critic: GAE over per-turn rewards (``values``: the learner's value pass,
+    ``ValueFunction(model, pad_id)`` on a model with ``attach_value_head``), the token-level
+    clipped objective, the clipped value loss and a KL penalty to the reference (adapters off).
+    Items must be one per turn (``RolloutBatchSource(merge_turns=False)``)."""
+    cfg = LossConfig(kind="ppo", aggregation="token", vf_coef=vf_coef, kl_coef=kl_coef, **loss)
+    return Algorithm("ppo", GAE(values, gamma, lam), cfg)
+
+
 def make_sft(**loss: Any) -> Algorithm:
     return Algorithm("sft", ConstantCredit(1.0), _loss("sft", loss))
 
@@ -83,7 +95,7 @@ def make_sft(**loss: Any) -> Algorithm:
 ALGORITHMS = {
     "grpo": make_grpo, "dr_grpo": make_dr_grpo, "dapo": make_dapo, "gspo": make_gspo,
     "cispo": make_cispo, "rloo": make_rloo, "reinforce": make_reinforce,
-    "reinforce_baseline": make_reinforce_baseline, "sft": make_sft,
+    "reinforce_baseline": make_reinforce_baseline, "sft": make_sft, "ppo": make_ppo,
 }
 
 

@@ -419,6 +419,21 @@ def score_actions(
         logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
         sel = logits[mb.rows, mb.cols]
         return _logp_entropy(sel, mb.targets, need_entropy, mb.temperature)
+    logp, ent, _ = score_hidden(model, mb, need_entropy=need_entropy, chunk=chunk, share_prefix=share_prefix,
+                                bottom=bottom, parts=parts)
+    return logp, ent
+
+
+def score_hidden(
+    model: Any, mb: MicroBatch, *, need_entropy: bool = False, chunk: int = 1024, share_prefix: bool = True,
+    bottom: FrozenBottomCache | None = None, parts: tuple[Any, Any] | None = None,
+) -> tuple[Tensor, Tensor | None, Tensor]:
+    """``score_actions`` plus the final hidden states it read the logits from: [N, H], one per
+    action token (a value head reads V(s) at each segment's first one)."""
+    parts = parts or _decoder_and_head(model)
+    if parts is None:
+        raise ValueError(f"score_hidden: cannot split {type(model).__name__} into decoder and LM head "
+                         "(FSDP-wrapped or not a Hugging Face causal LM)")
     decoder, head = parts
     prefix = shared_prefix_len(mb.items) if share_prefix and not getattr(decoder, "gradient_checkpointing", False) else 0
     prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
@@ -433,8 +448,9 @@ def score_actions(
         if ent is not None:
             ents.append(ent)
     if not logps:
-        return h.new_zeros(0, dtype=torch.float32), (h.new_zeros(0, dtype=torch.float32) if need_entropy else None)
-    return torch.cat(logps), (torch.cat(ents) if need_entropy else None)
+        empty = h.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if need_entropy else None), h
+    return torch.cat(logps), (torch.cat(ents) if need_entropy else None), h
 
 
 def _logp_entropy(

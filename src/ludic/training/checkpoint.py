@@ -79,6 +79,7 @@ def save_checkpoint(
     model.save_pretrained(tmp / "model")
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
+    _save_value_head(model, tmp)
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     if scheduler is not None:
@@ -151,6 +152,7 @@ def load_checkpoint(
         raise FileNotFoundError(f"{path} is not a Ludic checkpoint (no trainer_state.json)")
     state = json.loads((path / "trainer_state.json").read_text())
     load_model_weights(model, path / "model")
+    _load_value_head(model, path)
     if optimizer is not None and (path / "optimizer.pt").exists():
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     if scheduler is not None and (path / "scheduler.pt").exists():
@@ -158,6 +160,34 @@ def load_checkpoint(
     if restore_rng and (path / "rng.json").exists():
         _set_rng_state(json.loads((path / "rng.json").read_text()))
     return state
+
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+"""A PPO value head's weights, beside ``model/`` (an adapter folder would not hold them)."""
+
+
+def _save_value_head(model: Any, folder: Path) -> None:
+    from ludic.training.value import value_head
+
+    head = value_head(model)
+    if head is not None:
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().contiguous() for k, v in head.state_dict().items()}, str(folder / VALUE_HEAD_FILE))
+
+
+def _load_value_head(model: Any, folder: Path) -> None:
+    from ludic.training.value import value_head
+
+    head, f = value_head(model), folder / VALUE_HEAD_FILE
+    if head is None and f.exists():
+        raise RuntimeError(f"{folder} holds a value head but the model has none: attach_value_head before resuming")
+    if head is not None:
+        if not f.exists():
+            raise FileNotFoundError(f"{folder}: the model has a value head but the checkpoint has no {VALUE_HEAD_FILE}")
+        from safetensors.torch import load_file
+
+        head.load_state_dict(load_file(str(f)))
 
 
 def load_model_weights(model: Any, folder: str | Path) -> None:

@@ -48,6 +48,11 @@ class TrainerConfig:
     """Checkpoints kept on disk."""
     max_empty_steps: int = 5
     """Stop the run after this many batches in a row with no trainable item on any rank."""
+    kl_target: float | None = None
+    """Adaptive KL controller (PPO): after each batch the loss's ``kl_coef`` is multiplied by
+    1 + clip(kl / kl_target - 1, -0.2, 0.2) * items / kl_horizon (Ziegler et al.); None: fixed."""
+    kl_horizon: int = 10000
+    """The adaptive KL controller's horizon, in samples."""
     ppo_epochs: int = 1
     """PPO inner loop: passes over each collected batch (the importance ratio moves away from 1)."""
     num_minibatches: int = 1

@@ -105,6 +105,12 @@ class LossInputs:
     same_version: Tensor | None = None
     """[N] bool: tokens sampled by the weights the learner has now (the sampler-learner mismatch
     is measured on these only: elsewhere staleness would mix in)."""
+    values: Tensor | None = None
+    """[S] the value head's V(s) of each segment's state (carries grad), for ``vf_coef``."""
+    value_old: Tensor | None = None
+    """[S] V(s) when the batch was collected (the value clip's centre)."""
+    value_target: Tensor | None = None
+    """[S] the return the value head regresses to (GAE: advantage + old value)."""
 
     def __post_init__(self) -> None:
         if self.logp.dim() != 1:
@@ -121,6 +127,10 @@ class LossInputs:
             raise ValueError(
                 f"LossInputs.seg_weight shape {tuple(self.seg_weight.shape)} != adv shape {tuple(self.adv.shape)}"
             )
+        for name in ("values", "value_old", "value_target"):
+            t = getattr(self, name)
+            if t is not None and t.shape != self.adv.shape:
+                raise ValueError(f"LossInputs.{name} shape {tuple(t.shape)} != adv shape {tuple(self.adv.shape)}")
         for name in ("old_logp", "ref_logp", "entropy", "token_adv", "prox_logp", "same_version"):
             t = getattr(self, name)
             if t is not None and t.shape != self.logp.shape:
@@ -174,6 +184,12 @@ class LossConfig:
     """Upper bound of w (truncation cap, or top of the kept band)."""
     behavior_is_low: float = 0.0
     """Lower bound of the kept band (mask modes)."""
+    vf_coef: float = 0.0
+    """PPO value loss weight: loss += vf_coef * 0.5 * mean over segments of the clipped squared
+    error of the value head (needs a value head on the model and value targets in the items)."""
+    value_clip: float | None = 0.2
+    """Value clip: V is also scored as value_old + clamp(V - value_old, -c, c), and the larger
+    error counts (PPO's clipped value loss); None: plain squared error."""
 
     def __post_init__(self) -> None:
         if self.kind not in LOSS_KINDS:
@@ -186,7 +202,7 @@ class LossConfig:
             raise ValueError(
                 f"LossConfig.kl_estimator={self.kl_estimator!r} is not one of {KL_ESTIMATORS}"
             )
-        for name in ("clip_low", "clip_high", "kl_coef"):
+        for name in ("clip_low", "clip_high", "kl_coef", "vf_coef"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ValueError(f"LossConfig.{name}={v!r} must be a finite number >= 0")
@@ -214,6 +230,11 @@ class LossConfig:
     def needs_ref_logp(self) -> bool:
         """True when a KL penalty is active (a reference model must be run)."""
         return self.kl_coef > 0
+
+    @property
+    def needs_values(self) -> bool:
+        """True when the value loss is active (the value head must be run)."""
+        return self.vf_coef > 0
 
     @property
     def needs_entropy(self) -> bool:
@@ -320,6 +341,10 @@ def _check_inputs(inp: LossInputs, cfg: LossConfig) -> None:
         raise ValueError(f"entropy_coef={cfg.entropy_coef} needs LossInputs.entropy")
     if cfg.behavior_is is not None and inp.old_logp is None:
         raise ValueError(f"behavior_is={cfg.behavior_is!r} needs LossInputs.old_logp (sampler log-probs)")
+    if cfg.needs_values and (inp.values is None or inp.value_target is None
+                             or (cfg.value_clip is not None and inp.value_old is None)):
+        raise ValueError(f"vf_coef={cfg.vf_coef} needs LossInputs.values and value_target (and value_old to clip): "
+                         "a value head on the model and a credit assigner that gives targets (GAE)")
 
 
 def compute_loss(inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Tensor]]:
@@ -427,6 +452,24 @@ def compute_loss(inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Te
             ent_loss = -cfg.entropy_coef * aggregate(ent, inp, cfg.aggregation)
             loss = loss + ent_loss
             stats["entropy_loss"] = ent_loss.detach()
+
+    if cfg.needs_values:
+        assert inp.values is not None and inp.value_target is not None
+        v, target = inp.values.to(dtype), inp.value_target.to(dtype)
+        err = (v - target) ** 2
+        if cfg.value_clip is not None:
+            assert inp.value_old is not None
+            old_v = inp.value_old.to(dtype)
+            v_clipped = old_v + (v - old_v).clamp(-cfg.value_clip, cfg.value_clip)
+            err_clipped = (v_clipped - target) ** 2
+            stats["value_clip_frac"] = _mean(err_clipped > err)
+            err = torch.maximum(err, err_clipped)
+        weight = inp.seg_weight.to(dtype) if inp.seg_weight is not None else torch.ones_like(err)
+        value_loss = cfg.vf_coef * 0.5 * (weight * err).sum() / inp.total_segments
+        loss = loss + value_loss
+        stats["value_loss"] = value_loss.detach()
+        stats["value_mean"] = _mean(v)
+        stats["value_error"] = _mean((v - target).abs())
 
     stats["loss"] = loss.detach()
     return loss, stats

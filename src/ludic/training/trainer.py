@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import dataclasses
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -37,6 +38,7 @@ from ludic.training.batching import (
     adapters_disabled,
     collate,
     score_actions,
+    score_hidden,
     split_by_token_budget,
     truncate_item,
 )
@@ -44,6 +46,7 @@ from ludic.training.checkpoint import latest_checkpoint, load_checkpoint, save_c
 from ludic.training.config import TrainerConfig
 from ludic.training.losses import LossInputs, compute_loss
 from ludic.training.lora import frozen_bottom_layers
+from ludic.training.value import segment_starts, value_head
 from ludic.types import SAWItem
 
 Objective = Callable[[Any, MicroBatch, dict[str, float]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
@@ -54,7 +57,18 @@ def policy_gradient_objective(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Score the action tokens and apply ``trainer.algorithm.loss`` (``compute_loss``)."""
     loss_cfg = trainer.algorithm.loss
-    logp, entropy = score_actions(trainer.model, mb, need_entropy=loss_cfg.needs_entropy, bottom=trainer.bottom_cache)
+    values = value_old = value_target = None
+    if loss_cfg.needs_values:
+        head = value_head(trainer.model)
+        if head is None:
+            raise ValueError(f"vf_coef={loss_cfg.vf_coef}: the model has no value head (attach_value_head)")
+        logp, entropy, hidden = score_hidden(trainer.model, mb, need_entropy=loss_cfg.needs_entropy,
+                                             bottom=trainer.bottom_cache)
+        values = head(hidden[segment_starts(mb.seg, len(mb.items))])
+        value_old, value_target = (_meta_tensor(mb, key) for key in ("value_old", "value_target"))
+    else:
+        logp, entropy = score_actions(trainer.model, mb, need_entropy=loss_cfg.needs_entropy,
+                                      bottom=trainer.bottom_cache)
     ref_logp = trainer.ref_logp(mb) if loss_cfg.needs_ref_logp else None
     old = mb.old_logp
     if old is None and loss_cfg.needs_old_logp:
@@ -64,13 +78,23 @@ def policy_gradient_objective(
         old_logp=old, ref_logp=ref_logp, entropy=entropy, max_tokens=totals["max_tokens"],
         adv_mean=totals["adv_mean"], adv_std=totals["adv_std"], token_adv=mb.token_adv, seg_weight=mb.seg_weight,
         same_version=None if mb.versions is None else mb.versions == trainer.policy_version,
+        values=values, value_old=value_old, value_target=value_target,
     )
     return compute_loss(inp, loss_cfg)
 
 
+def _meta_tensor(mb: MicroBatch, key: str) -> torch.Tensor:
+    """[S] float of ``item.meta[key]`` (a credit assigner's per-turn extra, e.g. GAE's value target)."""
+    missing = [i for i, it in enumerate(mb.items) if key not in it.meta]
+    if missing:
+        raise ValueError(f"item {missing[0]} of the micro-batch has no meta[{key!r}]: the value loss needs a credit "
+                         f"assigner that gives per-turn value targets (GAE) and one item per turn")
+    return torch.tensor([float(it.meta[key]) for it in mb.items], dtype=torch.float32, device=mb.adv.device)
+
+
 # Stats from compute_loss that are this micro-batch's share of a batch total (summed);
 # every other stat is a per-token mean (averaged, weighted by tokens).
-_SUMMED = {"loss", "policy_loss", "kl_loss", "entropy_loss", "sampler_tokens"}
+_SUMMED = {"loss", "policy_loss", "kl_loss", "entropy_loss", "value_loss", "sampler_tokens"}
 
 
 def make_optimizer(params: list[Any], cfg: TrainerConfig) -> torch.optim.Optimizer:
@@ -193,6 +217,7 @@ class Trainer:
             return self._empty_step(metrics)
         self.empty_streak = 0
         metrics.update(self.optimize_batch(items))
+        self._adapt_kl(metrics, len(items))
         self.scheduler.step()
         self.step += 1
         self.policy_version += 1
@@ -205,6 +230,17 @@ class Trainer:
         if self.logger is not None:
             self.logger.log(self.step, metrics)
         return metrics
+
+    def _adapt_kl(self, metrics: dict[str, Any], n_items: int) -> None:
+        """The adaptive KL controller (``TrainerConfig.kl_target``): move ``kl_coef`` toward the
+        coefficient that holds the measured KL at the target."""
+        loss = self.algorithm.loss
+        if self.cfg.kl_target is None or "kl" not in metrics or loss.kl_coef <= 0:
+            return
+        error = max(-0.2, min(0.2, float(metrics["kl"]) / self.cfg.kl_target - 1.0))
+        coef = loss.kl_coef * (1.0 + error * n_items / self.cfg.kl_horizon)
+        self.algorithm = dataclasses.replace(self.algorithm, loss=dataclasses.replace(loss, kl_coef=coef))
+        metrics["kl_coef"] = coef
 
     def publish_start(self) -> dict[str, Any]:
         """Publish the starting weights (fresh, resumed or ``--adapter``) before the first rollout.
@@ -448,7 +484,7 @@ class Trainer:
         if self.checkpoint_dir is None or not is_rank0():
             return None
         state = {"policy_version": self.policy_version, "algorithm": self.algorithm.name,
-                 "trainer_config": asdict(self.cfg)}
+                 "trainer_config": asdict(self.cfg), "kl_coef": self.algorithm.loss.kl_coef}
         if hasattr(self.source, "state_dict"):
             state["source_state"] = self.source.state_dict()
         path = save_checkpoint(
@@ -470,6 +506,9 @@ class Trainer:
         state = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step = int(state["step"])
         self.policy_version = int(state.get("policy_version", self.step))
+        if "kl_coef" in state and self.cfg.kl_target is not None:  # the adaptive controller's position
+            self.algorithm = dataclasses.replace(
+                self.algorithm, loss=dataclasses.replace(self.algorithm.loss, kl_coef=float(state["kl_coef"])))
         if "source_state" in state and hasattr(self.source, "load_state_dict"):
             self.source.load_state_dict(state["source_state"])
         self.started = False  # the resumed weights are published before the next rollout

@@ -1,0 +1,541 @@
+"""OpenSpiel games: PPO + LoRA training and evaluation, read top to bottom.
+
+    ludic train games   ->  train_games(TrainGamesConfig)
+    ludic eval games    ->  eval_games(EvalGamesConfig)
+
+The spine: OpenSpielEnv (a game by name or task id; bots in the other seats, or every seat an
+agent for self-play) -> Agent(engine, context, identity parser: the env parses action ids the
+suite's way) -> SingleAgentProtocol / MultiAgentProtocol -> RolloutEngine -> GAE over per-turn
+rewards with the learner's value pass -> clipped policy + value losses, KL to the adapter-off
+reference with an adaptive coefficient -> Trainer. On kuhn_poker and leduc_poker the policy's
+exploitability (NashConv, exact, from the model's action probabilities) is logged as a curve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ludic.agents.agent import Agent
+from ludic.config import dump_config
+from ludic.context import make_context
+from ludic.inference.client import ChatClient, SamplingParams
+from ludic.inference.models import DEFAULT_MODEL
+from ludic.interaction import SingleAgentProtocol
+from ludic.interaction.multi_agent import MultiAgentProtocol
+from ludic.parsers import identity_parser
+from ludic.rollouts.batch import RolloutBatchSource
+from ludic.rollouts.engine import RolloutEngine
+from ludic.training.config import TrainerConfig
+from ludic.types import EnvSpec, Rollout, RolloutRequest
+
+EXPLOITABILITY_GAMES = ("kuhn_poker", "leduc_poker")
+"""Small imperfect-information games whose NashConv is computed exactly during training."""
+
+
+@dataclass
+class TrainGamesConfig:
+    """PPO + LoRA on OpenSpiel games (a value head, GAE, clipped losses, adaptive KL)."""
+
+    model: str = DEFAULT_MODEL
+    adapter: str | None = None
+    """Start from this LoRA adapter folder (merged into the base)."""
+    games: str = "kuhn_poker"
+    """Comma-separated pyspiel game names and/or task ids (GGGGCCCCCCCC), sampled uniformly per episode."""
+    opponent: str = "random"
+    """random, mcts (the suite's per-game strength unless --mcts-simulations), or self (every seat the policy)."""
+    mcts_simulations: int = 0
+    """MCTS simulations per move (0: the game's preset)."""
+    mcts_rollouts: int = 0
+    """Random rollouts per MCTS leaf (0: the game's preset)."""
+    episodes_per_update: int = 16
+    train_steps: int = 30
+    temperature: float = 1.0
+    max_completion_tokens: int = 8
+    """Reply limit: an action id needs a few tokens."""
+    max_turns: int = 60
+    """Agent turns per episode (retries included) before the episode is cut."""
+    invalid_reward: float = -0.1
+    """Reward of an answer that names no legal action (the turn is retried, 3 attempts)."""
+    ctx: str = "last"
+    """Context: last (the rules and the current turn) or full (the whole conversation)."""
+    gamma: float = 1.0
+    lam: float = 0.95
+    vf_coef: float = 0.1
+    kl_coef: float = 0.2
+    """Initial KL coefficient to the reference (the adapter disabled)."""
+    lora_rank: int = 16
+    lora_alpha_mult: float = 2.0
+    """LoRA alpha = rank * this (r16 / alpha 32 on every projection by default)."""
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(
+        lr=1e-4, ppo_epochs=2, num_minibatches=2, kl_target=0.05, kl_horizon=1000, checkpoint_every=10))
+    """Optimisation (--lr, --ppo-epochs, --num-minibatches, --kl-target, ...)."""
+    eval_every: int = 5
+    """Exploitability (kuhn_poker, leduc_poker) every N steps (0: only at the start and the end)."""
+    concurrency: int = 32
+    run_dir: str | None = None
+    logger: str = "rich"
+    dtype: str = "auto"
+    seed: int = 0
+    resume: bool = True
+    curriculum: bool = False
+    """Opponent ladder easy (random) -> medium (MCTS at a tenth of its strength) -> hard (MCTS), moving on
+    at 70% success over the last 100 episodes, with 30% of tasks replayed from past failures
+    (weighted by 1 - score); stage and replay share are logged, the state is checkpointed."""
+    clip: float = 0.2
+    """PPO clip range of the policy ratio."""
+    value_clip: float = 0.2
+    """Clip range of the value prediction around its value at collection."""
+    config: str = ""
+    """The original trainer's train_config.json (fields mapped onto these flags; flags given on the
+    command line win): see ``original_config_argv``."""
+    env_config: str = ""
+    """The original trainer's env_config.json or trace_config.json."""
+
+
+# ------------------------------------------------------------------ the original's JSON configs
+_TRAIN_FIELDS: dict[str, str | None] = {
+    "model_name": "--model", "model": "--model", "learning_rate": "--lr", "ppo_epochs": "--ppo-epochs",
+    "init_kl_coef": "--kl-coef", "target_kl": None, "cliprange": "--clip", "cliprange_value": "--value-clip",
+    "vf_coef": "--vf-coef", "num_train_steps": "--train-steps", "save_freq": "--checkpoint-every",
+    "eval_freq": "--eval-every", "max_new_tokens": "--max-completion-tokens", "temperature": "--temperature",
+    "max_seq_length": "--max-seq-len", "output_dir": "--run-dir", "min_valid_samples_per_step": "--episodes-per-update",
+    "lora_r": "--lora-rank",
+    # fields without a meaning here: accepted with a warning
+    "use_4bit": None, "bnb_4bit_compute_dtype": None, "bnb_4bit_quant_type": None, "bnb_4bit_use_double_quant": None,
+    "gradient_accumulation_steps": None, "log_freq": None, "top_p": None, "max_collection_episodes": None,
+    "wandb_project": None, "lora_dropout": None, "lora_bias": None, "lora_target_modules": None,
+    "batch_size": None, "mini_batch_size": None, "resume_from": None, "use_wandb": None, "lora_alpha": None,
+}
+_WHY = {
+    "use_4bit": "no 4-bit quantisation on CPU (bitsandbytes); the model runs in --dtype",
+    "gradient_accumulation_steps": "micro-batches are cut by --micro-token-budget",
+    "top_p": "sampling is full-distribution so the PPO ratio is exact",
+    "lora_target_modules": "LoRA covers every projection",
+    "batch_size": "mapped with mini_batch_size to --num-minibatches",
+}
+_ENV_FIELDS = {"env_type", "env_mode", "allowed_game_indices", "opponent", "gamma", "use_vllm", "vllm_base_url",
+               "timeout", "api_key"}
+
+
+def original_config_argv(train: dict[str, Any] | None = None, env: dict[str, Any] | None = None,
+                         warn: Any = print) -> list[str]:
+    """Flags of ``ludic train games`` equivalent to the original trainer's train_config.json and
+    env_config.json / trace_config.json. Fields with no meaning here (docker mode, 4-bit, a remote
+    vLLM URL, ...) are accepted with a one-line warning each; an unknown field is a ValueError
+    naming it."""
+    argv: list[str] = []
+    train, env = dict(train or {}), dict(env or {})
+    for key, value in train.items():
+        if key.startswith("bnb_"):
+            key_map = None
+        elif key not in _TRAIN_FIELDS:
+            raise ValueError(f"train config: unknown field {key!r} (known: {', '.join(sorted(_TRAIN_FIELDS))})")
+        else:
+            key_map = _TRAIN_FIELDS[key]
+        if key_map is None:
+            if key not in ("batch_size", "mini_batch_size", "lora_alpha", "use_wandb", "resume_from", "target_kl"):
+                warn(f"[ludic] train config: {key!r} has no meaning here ({_WHY.get(key, 'ignored')})")
+            continue
+        argv += [key_map, str(value)]
+    if "target_kl" in train:  # TRL's controller targets the KL summed over a response; ours is per token
+        argv += ["--kl-target", str(float(train["target_kl"]) / max(1, int(train.get("max_new_tokens", 8))))]
+    if "batch_size" in train and "mini_batch_size" in train:
+        argv += ["--num-minibatches", str(max(1, int(train["batch_size"]) // max(1, int(train["mini_batch_size"]))))]
+    if "lora_alpha" in train:
+        argv += ["--lora-alpha-mult", str(float(train["lora_alpha"]) / float(train.get("lora_r", 16)))]
+    if train.get("use_wandb"):
+        argv += ["--logger", "rich,wandb"]
+    if train.get("resume_from"):
+        warn("[ludic] train config: 'resume_from' -> the run resumes from the latest checkpoint in its run_dir")
+    for key, value in env.items():
+        if key not in _ENV_FIELDS:
+            raise ValueError(f"env config: unknown field {key!r} (known: {', '.join(sorted(_ENV_FIELDS))})")
+        if key == "allowed_game_indices":
+            argv += ["--games", ",".join(f"index:{int(i)}" for i in value)]
+        elif key == "opponent" and value:
+            argv += ["--opponent", str(value)]
+        elif key == "gamma":
+            argv += ["--gamma", str(value)]
+        elif key == "env_type":
+            if value == "trace":
+                argv += ["--games", "trace"]
+            elif value != "openspiel":
+                raise ValueError(f"env config: env_type must be openspiel or trace, got {value!r}")
+        else:
+            warn(f"[ludic] env config: {key!r} has no meaning here (games run in process on pyspiel, "
+                 "sampling on the trained policy)")
+    return argv
+
+
+def parse_games(spec: str) -> list[dict[str, Any]]:
+    """``"kuhn_poker,200000000,index:1,trace"`` -> one entry per game: a pyspiel name, a task id, a
+    game index of the task list (``index:<i>``: a fresh config variant every episode), or ``trace``
+    (the code-trace task)."""
+    from ludic.envs.openspiel import GAMES
+
+    out: list[dict[str, Any]] = []
+    for part in [p.strip() for p in spec.split(",") if p.strip()]:
+        if part.isdigit():
+            out.append({"task_id": int(part)})
+        elif part.startswith("index:"):
+            i = int(part.split(":", 1)[1])
+            if not 0 <= i < len(GAMES):
+                raise ValueError(f"--games {part}: the task list has game indices 0..{len(GAMES) - 1}")
+            out.append({"index": i})
+        elif part == "trace":
+            out.append({"trace": True})
+        else:
+            out.append({"game": part})
+    if not out:
+        raise ValueError("--games is empty: give pyspiel game names, task ids, index:<i> or trace, comma-separated")
+    return out
+
+
+def game_name(kwargs: dict[str, Any]) -> str:
+    from ludic.envs.openspiel import GAMES, decode_task
+
+    if "trace" in kwargs:
+        return "trace"
+    if "index" in kwargs:
+        return GAMES[kwargs["index"]]
+    return kwargs["game"] if "game" in kwargs else decode_task(kwargs["task_id"]).game
+
+
+def env_spec(cfg: Any, game: dict[str, Any], rng: random.Random | None = None) -> EnvSpec:
+    """The env of one episode of ``game`` under ``cfg`` (an ``index:`` game draws its config variant)."""
+    from ludic.envs.openspiel import TASK_BLOCK
+
+    if "trace" in game:
+        return EnvSpec("trace", {})
+    if "index" in game:
+        game = {"task_id": game["index"] * TASK_BLOCK + (rng or random.Random(0)).randrange(TASK_BLOCK)}
+    return EnvSpec("openspiel", env_kwargs(cfg, game))
+
+
+def env_kwargs(cfg: Any, game: dict[str, Any]) -> dict[str, Any]:
+    """The OpenSpielEnv arguments of one episode of ``game`` under ``cfg``."""
+    kw: dict[str, Any] = {**game, "invalid_reward": cfg.invalid_reward}
+    if cfg.opponent == "self":
+        kw["seats"] = "all"
+    else:
+        kw["opponent"] = cfg.opponent
+        if cfg.mcts_simulations:
+            kw["mcts"] = (cfg.mcts_simulations, cfg.mcts_rollouts or 1)
+    return kw
+
+
+def make_agent(client: ChatClient, ctx: str, temperature: float, max_tokens: int) -> Agent:
+    """A game player: the env's rules as system prompt, the raw reply as action (the env parses it)."""
+    return Agent(client, make_context(ctx), identity_parser, SamplingParams(temperature=temperature, max_tokens=max_tokens))
+
+
+def protocols(client: ChatClient, cfg: Any, temperature: float, seats: int = 2) -> dict[str, Any]:
+    """``single_agent`` (one seat vs bots) and ``selfplay`` (every seat an agent on ``client``)."""
+    def single() -> SingleAgentProtocol:
+        return SingleAgentProtocol(make_agent(client, cfg.ctx, temperature, cfg.max_completion_tokens))
+
+    def selfplay() -> MultiAgentProtocol:
+        return MultiAgentProtocol({f"player_{k}": make_agent(client, cfg.ctx, temperature, cfg.max_completion_tokens)
+                                   for k in range(seats)})
+    return {"single_agent": single, "selfplay": selfplay}
+
+
+def game_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """Mean score, success, and the answer quality, overall and per game (``<game>/score``)."""
+    out: dict[str, float] = {}
+    by_game: dict[str, list[Rollout]] = {}
+    for r in rollouts:
+        by_game.setdefault(r.meta.get("game", "?"), []).append(r)
+    for name, rs in [("", list(rollouts))] + sorted(by_game.items()):
+        if not rs:
+            continue
+        pre = f"{name}/" if name else ""
+        scores = [episode_score(r) for r in rs]
+        done = [s for s in scores if s is not None]
+        answers = [s for r in rs for s in r.steps]
+        invalid = sum(1 for s in answers if s.info.get("invalid"))
+        out[f"{pre}score"] = statistics.fmean(done) if done else 0.0
+        out[f"{pre}success_rate"] = sum(s > 0.5 for s in done) / max(len(rs), 1)
+        out[f"{pre}finished_rate"] = len(done) / max(len(rs), 1)
+        out[f"{pre}invalid_answer_rate"] = invalid / max(len(answers), 1)
+        out[f"{pre}forfeit_rate"] = sum(1 for r in rs if r.steps and r.steps[-1].info.get("forfeit")) / len(rs)
+    return out
+
+
+def episode_score(r: Rollout) -> float | None:
+    """The env's final score of an episode (None: cut before the end, or failed)."""
+    if r.meta.get("failed") or not r.steps or "score" not in r.steps[-1].info:
+        return None
+    return float(r.steps[-1].info["score"])
+
+
+CURRICULUM_STAGES = (("easy", {"opponent": "random"}), ("medium", {"opponent": "mcts", "mcts_scale": 0.1}),
+                     ("hard", {"opponent": "mcts", "mcts_scale": 1.0}))
+"""The opponent ladder of ``--curriculum`` (MCTS strength as a share of the game's preset or of
+--mcts-simulations / --mcts-rollouts)."""
+
+
+class GameRequests:
+    """Episodes of the configured games, uniformly, each with a fresh env seed (the seat and the
+    chance outcomes come from it); with ``cfg.curriculum`` the stage's opponent and the failure
+    replay of ``Curriculum``. Its state (RNG, curriculum) travels in checkpoints."""
+
+    def __init__(self, cfg: Any, seed: int) -> None:
+        from ludic.rollouts.curriculum import Curriculum, Stage
+
+        self.cfg, self.games = cfg, parse_games(cfg.games)
+        self.rng = random.Random(seed)
+        self.curriculum = None
+        if getattr(cfg, "curriculum", False):
+            if cfg.opponent == "self":
+                raise ValueError("--curriculum is an opponent ladder of bots: it does not combine with --opponent self")
+            self.curriculum = Curriculum([Stage(n, o) for n, o in CURRICULUM_STAGES], seed=seed + 1)
+
+    def _task(self, rng: random.Random) -> dict[str, Any]:
+        """A concrete task (env kwargs without the opponent): a game, its config variant drawn."""
+        spec = env_spec(self.cfg, rng.choice(self.games), rng)
+        return {k: v for k, v in spec.kwargs.items() if k not in ("opponent", "mcts")} | {"kind": spec.kind}
+
+    def _staged(self, task: dict[str, Any]) -> EnvSpec:
+        from ludic.envs.openspiel import MCTS_PRESETS, decode_task
+
+        kwargs = {k: v for k, v in task.items() if k != "kind"}
+        if task["kind"] != "openspiel" or self.curriculum is None:
+            return EnvSpec(task["kind"], kwargs)
+        over = self.curriculum.stage.overrides
+        kwargs["opponent"] = over["opponent"]
+        if over["opponent"] == "mcts":
+            name = kwargs.get("game") or decode_task(kwargs["task_id"]).game
+            base = ((self.cfg.mcts_simulations, self.cfg.mcts_rollouts or 1) if self.cfg.mcts_simulations
+                    else MCTS_PRESETS.get(name))
+            if base is None:
+                kwargs["opponent"] = "random"
+            else:
+                scale = over.get("mcts_scale", 1.0)
+                kwargs["mcts"] = (max(1, round(base[0] * scale)), max(1, round(base[1] * scale)))
+        return EnvSpec("openspiel", kwargs)
+
+    def __call__(self) -> list[RolloutRequest]:
+        out = []
+        for _ in range(self.cfg.episodes_per_update):
+            if self.curriculum is not None:
+                task, replayed = self.curriculum.draw(self._task)
+                spec = self._staged(task)
+                meta = {"task": task, "replayed": replayed}
+            else:
+                spec, meta = env_spec(self.cfg, self.rng.choice(self.games), self.rng), {}
+            name = spec.kwargs.get("game") or ("trace" if spec.kind == "trace" else game_name(spec.kwargs))
+            out.append(RolloutRequest(spec, protocol="selfplay" if spec.kwargs.get("seats") else "single_agent",
+                                      env_seed=self.rng.randrange(2**31), sampling_seed=self.rng.randrange(2**31),
+                                      max_steps=self.cfg.max_turns, meta={"game": name, **meta}))
+        return out
+
+    def observe(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
+        """Feed the batch's outcomes to the curriculum; its metrics (stage, replay share)."""
+        if self.curriculum is None:
+            return {}
+        for r in rollouts:
+            if "task" in r.meta and r.meta.get("trainable", True) is not False:
+                self.curriculum.update(r.meta["task"], episode_score(r) or 0.0)
+        return self.curriculum.metrics()
+
+    def metrics(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
+        return {**game_metrics(rollouts), **self.observe(rollouts)}
+
+    def state_dict(self) -> dict[str, Any]:
+        from ludic.rollouts.engine import rng_state
+
+        state: dict[str, Any] = {"rng": rng_state(self.rng)}
+        if self.curriculum is not None:
+            state["curriculum"] = self.curriculum.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from ludic.rollouts.engine import set_rng_state
+
+        set_rng_state(self.rng, state["rng"])
+        if self.curriculum is not None and "curriculum" in state:
+            self.curriculum.load_state_dict(state["curriculum"])
+
+
+def exploitability(model: Any, tok: Any, games: Sequence[str], temperature: float = 1.0) -> dict[str, float]:
+    """NashConv of the model's policy on each game of ``games`` that is in ``EXPLOITABILITY_GAMES``."""
+    from ludic.envs.openspiel import OpenSpielEnv
+    from ludic.eval.games import nash_conv, policy_table
+
+    out = {}
+    for g in games:
+        if g in EXPLOITABILITY_GAMES:
+            env = OpenSpielEnv(game=g)
+            out[f"nash_conv/{g}"] = nash_conv(env.game, policy_table(env, model, tok, temperature=temperature))
+    return out
+
+
+def train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
+    """Run PPO; returns the last step's metrics with the exploitability curve's ends."""
+    return asyncio.run(_train_games(cfg))
+
+
+async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.recipes.tictactoe import default_run_dir
+    from ludic.training.algorithms import make_ppo
+    from ludic.training.loggers import logger_names, make_logger
+    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.trainer import Trainer
+    from ludic.training.value import ValueFunction, attach_value_head
+
+    logger_names(cfg.logger)
+    games = parse_games(cfg.games)
+    names = sorted({game_name(g) for g in games})
+    if cfg.opponent not in ("random", "mcts", "self"):
+        raise ValueError(f"--opponent must be random, mcts or self, got {cfg.opponent!r}")
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(f"games-{'-'.join(names)}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir / "config.json")
+    model, tok = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed,
+                             lora=LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult))
+    attach_value_head(model)
+    engine = TransformersEngine(model, tok)
+    algo = make_ppo(ValueFunction(model, tok.pad_token_id), gamma=cfg.gamma, lam=cfg.lam, vf_coef=cfg.vf_coef,
+                    kl_coef=cfg.kl_coef, clip_low=cfg.clip, clip_high=cfg.clip, value_clip=cfg.value_clip)
+    rollouts = RolloutEngine(protocols(engine, cfg, cfg.temperature), concurrency=cfg.concurrency,
+                             jsonl_path=run_dir / "rollouts.jsonl")
+    requests = GameRequests(cfg, cfg.seed)
+    source = RolloutBatchSource(rollouts, requests, algo.credit, metrics_fn=requests.metrics, merge_turns=False)
+    logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
+    tcfg = cfg.trainer
+    trainer = Trainer(model, algo, source, tcfg, logger=logger, checkpoint_dir=run_dir / "checkpoints",
+                      tokenizer=tok, pad_token_id=tok.pad_token_id)
+    if cfg.resume and trainer.resume():
+        print(f"[ludic] resumed from step {trainer.step} in {run_dir}", flush=True)
+    curve: list[dict[str, Any]] = []
+
+    def measure(step: int) -> None:
+        ex = exploitability(model, tok, names, cfg.temperature)
+        if ex:
+            curve.append({"step": step, **ex})
+            logger.log(step, ex)
+            print(f"[games] step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in ex.items()), flush=True)
+
+    measure(trainer.step)
+    last: dict[str, Any] = {}
+
+    async def on_step(step: int, metrics: dict[str, Any]) -> None:
+        nonlocal last
+        last = dict(metrics)
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.train_steps:
+            measure(step)
+
+    try:
+        await trainer.train(cfg.train_steps, on_step)
+        trainer.save()
+        measure(trainer.step)
+    finally:
+        logger.close()
+    summary = {**{k: v for k, v in last.items() if isinstance(v, (int, float))}, "exploitability": curve}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+@dataclass
+class EvalGamesConfig:
+    """Evaluate a model (or LoRA adapter) on OpenSpiel games."""
+
+    model: str = DEFAULT_MODEL
+    adapter: str | None = None
+    games: str = "kuhn_poker"
+    opponent: str = "random"
+    mcts_simulations: int = 0
+    mcts_rollouts: int = 0
+    episodes: int = 100
+    """Episodes per game (sampled evaluation; the seat and chance come from fixed seeds)."""
+    temperature: float = 0.0
+    max_completion_tokens: int = 8
+    max_turns: int = 60
+    invalid_reward: float = -0.1
+    ctx: str = "last"
+    exploitability: bool = False
+    """Also compute the exact NashConv (kuhn_poker, leduc_poker) and, on tic_tac_toe, the share of
+    value-preserving moves over every position (from the model's action probabilities)."""
+    concurrency: int = 64
+    inference: str = "transformers"
+    dtype: str = "auto"
+    seed: int = 0
+    out: str | None = None
+    """Write the results JSON here too."""
+
+
+def mean_ci(xs: Sequence[float]) -> tuple[float, float, float]:
+    """Mean and its normal-approximation 95% interval (clipped to [0, 1])."""
+    if not xs:
+        return 0.0, 0.0, 1.0
+    m = statistics.fmean(xs)
+    half = 1.959963984540054 * statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 1.0
+    return m, max(0.0, m - half), min(1.0, m + half)
+
+
+def eval_games(cfg: EvalGamesConfig) -> dict[str, Any]:
+    return asyncio.run(_eval_games(cfg))
+
+
+async def _eval_games(cfg: EvalGamesConfig) -> dict[str, Any]:
+    from ludic.eval.stats import wilson_interval
+    from ludic.recipes.backends import make_eval_client
+
+    client, close = await make_eval_client(cfg)
+    results: dict[str, Any] = {}
+    try:
+        engine = RolloutEngine(protocols(client, cfg, cfg.temperature), concurrency=cfg.concurrency)
+        for game in parse_games(cfg.games):
+            name = game_name(game)
+            rng = random.Random(cfg.seed)
+            specs = [env_spec(cfg, game, rng) for _ in range(cfg.episodes)]
+            reqs = [RolloutRequest(spec, protocol="selfplay" if spec.kwargs.get("seats") else "single_agent",
+                                   env_seed=1_000_000 + i, sampling_seed=1_000_000 + i, max_steps=cfg.max_turns,
+                                   meta={"game": name}) for i, spec in enumerate(specs)]
+            rollouts = await engine.generate_rollouts(reqs)
+            scores = [episode_score(r) for r in rollouts]
+            done = [s for s in scores if s is not None]
+            wins = sum(s > 0.5 for s in done)
+            steps = [s for r in rollouts for s in r.steps]
+            invalid = sum(1 for s in steps if s.info.get("invalid"))
+            m, lo, hi = mean_ci([s if s is not None else 0.0 for s in scores])
+            row = {"episodes": len(rollouts), "mean_score": m, "mean_score_ci95": [lo, hi],
+                   "success_rate": wins / max(len(rollouts), 1),
+                   "success_rate_ci95": list(wilson_interval(wins, len(rollouts))),
+                   "invalid_answer_rate": invalid / max(len(steps), 1),
+                   "invalid_answer_rate_ci95": list(wilson_interval(invalid, len(steps))),
+                   "unfinished_rate": 1 - len(done) / max(len(rollouts), 1)}
+            if cfg.exploitability:
+                row.update(_exact(client, name, cfg.temperature))
+            results[name] = row
+    finally:
+        await close()
+    if cfg.out:
+        Path(cfg.out).write_text(json.dumps(results, indent=2))
+    return results
+
+
+def _exact(client: Any, name: str, temperature: float) -> dict[str, float]:
+    """NashConv (poker) or value-preserving moves (tic_tac_toe) of the in-process model."""
+    from ludic.envs.openspiel import OpenSpielEnv
+    from ludic.eval.games import board_key, nash_conv, policy_table, value_preserving_rate
+
+    model, tok = getattr(client, "model", None), getattr(client, "tokenizer", None)
+    if model is None:
+        raise ValueError("--exploitability reads the model's probabilities: use --inference transformers")
+    env = OpenSpielEnv(game=name)
+    temp = temperature or 1.0
+    if name in EXPLOITABILITY_GAMES:
+        return {"nash_conv": nash_conv(env.game, policy_table(env, model, tok, temperature=temp))}
+    if name == "tic_tac_toe":
+        return value_preserving_rate(env.game, policy_table(env, model, tok, temperature=temp, key=board_key))
+    return {}

@@ -1,0 +1,172 @@
+"""PPO with a value head: GAE by hand, the clipped value loss by hand, and real PPO steps of the
+tiny model on an OpenSpiel game (value pass, value loss, adaptive KL, checkpoint round trip)."""
+
+import asyncio
+
+import pytest
+import torch
+
+from ludic.rollouts.batch import build_saw_items
+from ludic.rollouts.credit import GAE
+from ludic.training.losses import LossConfig, LossInputs, compute_loss
+from ludic.types import Rollout, Step, TokenTrace
+
+
+def _rollout(rewards):
+    steps = [Step(i, "o", "a", "a", None, r, trace=TokenTrace((1, i), (2, 3), (-1.0, -2.0), (0, 0)))
+             for i, r in enumerate(rewards)]
+    return Rollout(steps=steps, meta={"agent_id": "a"})
+
+
+def test_gae_by_hand():
+    r = _rollout([0.0, 0.5, 1.0])
+    v = {(r.id, 0): 0.2, (r.id, 1): 0.4, (r.id, 2): 0.8}
+    gae = GAE(lambda rs: v, gamma=0.9, lam=0.5, normalize=False)
+    w = gae.compute([r])
+    d2 = 1.0 - 0.8                       # terminal: V_3 = 0
+    d1 = 0.5 + 0.9 * 0.8 - 0.4
+    d0 = 0.0 + 0.9 * 0.4 - 0.2
+    a2, a1 = d2, d1 + 0.45 * d2
+    a0 = d0 + 0.45 * a1
+    assert [w[(r.id, i)] for i in range(3)] == pytest.approx([a0, a1, a2])
+    assert gae.step_extras[(r.id, 1)] == pytest.approx({"value_old": 0.4, "value_target": a1 + 0.4})
+    # lam = 1, gamma = 1: advantages are reward-to-go minus the value
+    w1 = GAE(lambda rs: v, gamma=1.0, lam=1.0, normalize=False).compute([r])
+    assert [w1[(r.id, i)] for i in range(3)] == pytest.approx([1.5 - 0.2, 1.5 - 0.4, 1.0 - 0.8])
+    items = build_saw_items([r], gae, merge_turns=False)
+    assert [it.meta["value_target"] for it in items] == pytest.approx([a0 + 0.2, a1 + 0.4, a2 + 0.8])
+    with pytest.raises(ValueError, match="merge_turns=False"):
+        build_saw_items([r], gae)
+    with pytest.raises(ValueError, match="no value function"):
+        GAE().compute([r])
+
+
+def test_clipped_value_loss_by_hand():
+    logp = torch.tensor([-1.0, -1.0], requires_grad=True)
+    v = torch.tensor([0.5, 1.0], requires_grad=True)
+    inp = LossInputs(logp=logp, adv=torch.tensor([1.0, -1.0]), seg=torch.tensor([0, 1]), total_tokens=2,
+                     total_segments=2, old_logp=torch.tensor([-1.0, -1.0]), values=v,
+                     value_old=torch.tensor([0.0, 1.0]), value_target=torch.tensor([1.0, 0.0]))
+    loss, stats = compute_loss(inp, LossConfig(kind="ppo", vf_coef=0.5, value_clip=0.2))
+    # segment 0: err (0.5-1)^2 = 0.25, clipped V = 0.2 -> (0.2-1)^2 = 0.64: max 0.64
+    # segment 1: err (1-0)^2 = 1, clipped = 1 -> 1
+    assert float(stats["value_loss"]) == pytest.approx(0.5 * 0.5 * (0.64 + 1.0) / 2)
+    loss.backward()
+    assert v.grad[0] == 0.0 and v.grad[1] != 0.0  # the clipped error of segment 0 carries no gradient to V
+    with pytest.raises(ValueError, match="vf_coef"):
+        compute_loss(LossInputs(logp=logp, adv=torch.tensor([1.0, -1.0]), seg=torch.tensor([0, 1]),
+                                total_tokens=2, total_segments=2, old_logp=torch.tensor([-1.0, -1.0])),
+                     LossConfig(kind="ppo", vf_coef=0.5))
+
+
+def test_ppo_steps_on_kuhn_poker_train_the_value_head_and_adapt_kl(tiny_model_dir, tmp_path):
+    pytest.importorskip("pyspiel")
+    from ludic.agents.agent import Agent
+    from ludic.context import make_context
+    from ludic.inference.client import SamplingParams
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.interaction.single_agent import SingleAgentProtocol
+    from ludic.parsers import identity_parser
+    from ludic.rollouts.batch import RolloutBatchSource
+    from ludic.rollouts.engine import RolloutEngine
+    from ludic.training.algorithms import make_ppo
+    from ludic.training.config import TrainerConfig
+    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.trainer import Trainer
+    from ludic.training.value import ValueFunction, attach_value_head, value_head
+    from ludic.types import EnvSpec, RolloutRequest
+
+    model, tok = load_policy(tiny_model_dir, dtype="float32", lora=LoraSettings(rank=4, alpha=8))
+    head = attach_value_head(model)
+    engine = TransformersEngine(model, tok)
+
+    def protocol():
+        return SingleAgentProtocol(Agent(engine, make_context("last"), identity_parser,
+                                         SamplingParams(temperature=1.0, max_tokens=3)))
+
+
+    requests = [RolloutRequest(EnvSpec("openspiel", {"game": "kuhn_poker", "invalid_reward": -0.1}),
+                               env_seed=s, max_steps=6) for s in range(6)]
+    algo = make_ppo(ValueFunction(model, tok.pad_token_id), vf_coef=0.5, kl_coef=0.1)
+    source = RolloutBatchSource(RolloutEngine({"single_agent": protocol}), lambda: requests, algo.credit,
+                                merge_turns=False)
+    trainer = Trainer(model, algo, source, TrainerConfig(lr=1e-2, kl_target=0.01, kl_horizon=10, ppo_epochs=2,
+                                                         num_minibatches=2),
+                      checkpoint_dir=tmp_path / "ckpt", pad_token_id=tok.pad_token_id, tokenizer=tok)
+    before = head.proj.weight.detach().clone()
+    m = asyncio.run(trainer.train_step())
+    assert "value_loss" in m and m["value_loss"] > 0
+    assert m["kl_coef"] != 0.1  # the controller moved it
+    assert not torch.equal(head.proj.weight, before)
+    trainer.save()
+    saved = head.proj.weight.detach().clone()
+    with torch.no_grad():
+        head.proj.weight.zero_()
+    assert trainer.resume()
+    assert torch.equal(value_head(model).proj.weight, saved)
+    assert trainer.algorithm.loss.kl_coef == pytest.approx(m["kl_coef"])
+
+
+def test_train_games_logs_a_nash_conv_curve_and_eval_games_reports_intervals(tiny_model_dir, tmp_path):
+    pytest.importorskip("pyspiel")
+    from ludic.recipes.games import EvalGamesConfig, TrainGamesConfig, eval_games, train_games
+
+    out = train_games(TrainGamesConfig(model=str(tiny_model_dir), games="kuhn_poker", train_steps=2, eval_every=1,
+                                       episodes_per_update=4, run_dir=str(tmp_path / "run"), logger="none",
+                                       dtype="float32"))
+    assert [p["step"] for p in out["exploitability"]] == [0, 1, 2]
+    assert all(0.0 <= p["nash_conv/kuhn_poker"] <= 4.0 for p in out["exploitability"])
+    assert "value_loss" in out and "score" in out and "kuhn_poker/invalid_answer_rate" in out
+    assert (tmp_path / "run" / "checkpoints" / "latest.json").exists()
+    res = eval_games(EvalGamesConfig(model=str(tiny_model_dir), games="kuhn_poker,tic_tac_toe", episodes=4,
+                                     exploitability=True, dtype="float32"))
+    kuhn, ttt = res["kuhn_poker"], res["tic_tac_toe"]
+    assert kuhn["episodes"] == 4 and 0 <= kuhn["success_rate_ci95"][0] <= kuhn["success_rate_ci95"][1] <= 1
+    assert 0.0 <= kuhn["nash_conv"] <= 4.0 and ttt["states"] == 4520
+
+
+def test_exploitability_reads_the_prompt_the_agent_is_sampled_from(tiny_model_dir):
+    """The policy table must score the exact prompt the trained agent sees (ctx last)."""
+    pytest.importorskip("pyspiel")
+    from ludic.data.offline import sft_item
+    from ludic.envs.openspiel import OpenSpielEnv
+    from ludic.eval.games import turn_messages
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.recipes.games import TrainGamesConfig, protocols
+    from ludic.training.lora import load_policy
+
+    model, tok = load_policy(tiny_model_dir, dtype="float32")
+    proto = protocols(TransformersEngine(model, tok), TrainGamesConfig(), 1.0)["single_agent"]()
+    env = OpenSpielEnv(game="kuhn_poker")
+    [r] = asyncio.run(proto.run(env, max_steps=1, env_seed=0, sampling_seed=0))
+    env2 = OpenSpielEnv(game="kuhn_poker")
+    env2.reset(seed=0)
+    seat = env2.seat_of["agent_0"]
+    want = sft_item({"messages": turn_messages(env2, env2.state, seat), "completion": "0"}, tok).prompt_ids
+    assert r.steps[0].trace.prompt_ids == want
+
+
+def test_the_original_json_configs_map_onto_flags_with_warnings_and_unknown_fields_fail():
+    import json
+    from pathlib import Path
+
+    from ludic.config import parse_config
+    from ludic.recipes.games import TrainGamesConfig, original_config_argv, parse_games
+
+    root = Path(__file__).resolve().parents[2] / "configs" / "games"
+    warned = []
+    argv = original_config_argv(json.loads((root / "train_config.json").read_text()),
+                                json.loads((root / "env_config.json").read_text()), warn=warned.append)
+    cfg = parse_config(TrainGamesConfig, argv + ["--train-steps", "3"])
+    assert cfg.trainer.lr == 1e-5 and cfg.trainer.ppo_epochs == 2 and cfg.kl_coef == 0.2
+    assert cfg.trainer.num_minibatches == 4 and cfg.lora_rank == 16 and cfg.lora_alpha_mult == 2.0
+    assert cfg.trainer.kl_target == pytest.approx(6.0 / 8) and cfg.train_steps == 3  # the command line wins
+    assert cfg.opponent == "random" and parse_games(cfg.games) == [{"index": 0}, {"index": 1}, {"index": 2}]
+    assert any("'use_4bit'" in w for w in warned) and any("'env_mode'" in w for w in warned)
+    assert any("'vllm_base_url'" in w for w in warned)
+    trace = original_config_argv(None, json.loads((root / "trace_config.json").read_text()), warn=warned.append)
+    assert parse_games(parse_config(TrainGamesConfig, trace).games) == [{"trace": True}]
+    with pytest.raises(ValueError, match="unknown field 'learning_rat'"):
+        original_config_argv({"learning_rat": 1e-5})
+    with pytest.raises(ValueError, match="unknown field 'docker_image'"):
+        original_config_argv(None, {"docker_image": "x"})
