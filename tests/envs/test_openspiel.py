@@ -165,3 +165,18 @@ def test_env_spec_builds_it_by_name():
 
     env = make_env(EnvSpec("openspiel", {"task_id": task_id_for("leduc_poker"), "opponent": "random"}))
     assert env.game_name == "leduc_poker" and env.agent_ids == ["agent_0"]
+
+
+def test_a_reply_cut_by_the_token_limit_still_reaches_the_env(scripted, tokenizer):
+    """The games agent answers in a few tokens; a cut reply is the env's to parse (3 attempts, then
+    a forfeit), not an agent-side format failure retried until max_steps (60 model calls a game)."""
+    import asyncio
+
+    from ludic.recipes.games import TrainGamesConfig, protocols
+    from ludic.types import FinishReason
+
+    client = scripted(["I think the best move here is"], tokenizer, finish=FinishReason.LENGTH)
+    proto = protocols(client, TrainGamesConfig(), 1.0)["single_agent"]()
+    [r] = asyncio.run(proto.run(OpenSpielEnv(game="kuhn_poker"), max_steps=60, env_seed=0))
+    assert len(r.steps) == 3 and len(client.requests) == 3
+    assert r.steps[-1].terminated and r.steps[-1].info["forfeit"] == "agent_0" and r.steps[-1].info["score"] == 0.0
