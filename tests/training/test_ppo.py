@@ -170,3 +170,24 @@ def test_the_original_json_configs_map_onto_flags_with_warnings_and_unknown_fiel
         original_config_argv({"learning_rat": 1e-5})
     with pytest.raises(ValueError, match="unknown field 'docker_image'"):
         original_config_argv(None, {"docker_image": "x"})
+
+
+def test_train_games_against_a_league_of_frozen_snapshots(tiny_model_dir, tmp_path):
+    pytest.importorskip("pyspiel")
+    import json
+
+    from ludic.recipes.games import TrainGamesConfig, train_games
+
+    run = tmp_path / "league-run"
+    train_games(TrainGamesConfig(model=str(tiny_model_dir), games="kuhn_poker", opponent="league", league_every=1,
+                                 train_steps=2, eval_every=0, episodes_per_update=4, run_dir=str(run),
+                                 logger="none", dtype="float32"))
+    league = json.loads((run / "league" / "league.json").read_text())
+    assert [s["step"] for s in league["snapshots"]] == [0, 1, 2]
+    rollouts = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+    frozen = [r for r in rollouts if r["meta"].get("trainable") is False]
+    assert frozen and len(frozen) == len(rollouts) // 2  # one frozen seat per game
+    assert all(r["meta"]["opponent"] == "league" for r in rollouts)
+    with pytest.raises(ValueError, match="two-player games"):
+        train_games(TrainGamesConfig(model=str(tiny_model_dir), games="hearts", opponent="league",
+                                     run_dir=str(tmp_path / "x"), logger="none"))

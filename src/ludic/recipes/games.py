@@ -49,11 +49,16 @@ class TrainGamesConfig:
     games: str = "kuhn_poker"
     """Comma-separated pyspiel game names and/or task ids (GGGGCCCCCCCC), sampled uniformly per episode."""
     opponent: str = "random"
-    """random, mcts (the suite's per-game strength unless --mcts-simulations), or self (every seat the policy)."""
+    """random, mcts (the suite's per-game strength unless --mcts-simulations), self (every seat the
+    policy) or league (two-player games: the other seat is a frozen earlier snapshot of the policy)."""
     mcts_simulations: int = 0
     """MCTS simulations per move (0: the game's preset)."""
     mcts_rollouts: int = 0
     """Random rollouts per MCTS leaf (0: the game's preset)."""
+    league_size: int = 4
+    """--opponent league: snapshots kept (in <run_dir>/league; the oldest is dropped)."""
+    league_every: int = 5
+    """--opponent league: snapshot the policy every N steps (step 0, the starting policy, included)."""
     episodes_per_update: int = 16
     train_steps: int = 30
     temperature: float = 1.0
@@ -225,7 +230,7 @@ def env_spec(cfg: Any, game: dict[str, Any], rng: random.Random | None = None) -
 def env_kwargs(cfg: Any, game: dict[str, Any]) -> dict[str, Any]:
     """The OpenSpielEnv arguments of one episode of ``game`` under ``cfg``."""
     kw: dict[str, Any] = {**game, "invalid_reward": cfg.invalid_reward}
-    if cfg.opponent == "self":
+    if cfg.opponent in ("self", "league"):
         kw["seats"] = "all"
     else:
         kw["opponent"] = cfg.opponent
@@ -292,11 +297,15 @@ class GameRequests:
     chance outcomes come from it); with ``cfg.curriculum`` the stage's opponent and the failure
     replay of ``Curriculum``. Its state (RNG, curriculum) travels in checkpoints."""
 
-    def __init__(self, cfg: Any, seed: int) -> None:
+    def __init__(self, cfg: Any, seed: int, league: Any = None, engine: RolloutEngine | None = None,
+                 client: ChatClient | None = None) -> None:
         from ludic.rollouts.curriculum import Curriculum, Stage
+        from ludic.training.league import OpponentSampler
 
         self.cfg, self.games = cfg, parse_games(cfg.games)
         self.rng = random.Random(seed)
+        self.league, self.engine, self.client = league, engine, client
+        self.sampler = OpponentSampler({"league": 1.0}, league, seats=2, seed=seed + 2) if league is not None else None
         self.curriculum = None
         if getattr(cfg, "curriculum", False):
             if cfg.opponent == "self":
@@ -337,10 +346,36 @@ class GameRequests:
             else:
                 spec, meta = env_spec(self.cfg, self.rng.choice(self.games), self.rng), {}
             name = spec.kwargs.get("game") or ("trace" if spec.kind == "trace" else game_name(spec.kwargs))
-            out.append(RolloutRequest(spec, protocol="selfplay" if spec.kwargs.get("seats") else "single_agent",
+            protocol = "selfplay" if spec.kwargs.get("seats") else "single_agent"
+            if self.sampler is not None:
+                protocol, extra = self._league_protocol()
+                meta.update(extra)
+            out.append(RolloutRequest(spec, protocol=protocol,
                                       env_seed=self.rng.randrange(2**31), sampling_seed=self.rng.randrange(2**31),
                                       max_steps=self.cfg.max_turns, meta={"game": name, **meta}))
         return out
+
+    def _league_protocol(self) -> tuple[str, dict[str, Any]]:
+        """A league draw: the protocol whose other seat plays a frozen snapshot (registered once per
+        snapshot and seat; dropped snapshots' protocols are removed)."""
+        assert self.sampler is not None and self.engine is not None and self.client is not None
+        live = {s.name for s in self.league.snapshots}
+        for key in [k for k in self.engine.protocols if k.startswith("league:") and k.split(":")[1] not in live]:
+            del self.engine.protocols[key]
+        draw = self.sampler.draw()
+        snap, frozen = draw.snapshot, f"player_{1 - draw.seat}"
+        assert snap is not None
+        key = f"league:{snap.name}:{frozen}"
+        if key not in self.engine.protocols:
+            cfg, client, league = self.cfg, self.client, self.league
+
+            def factory() -> MultiAgentProtocol:
+                agents = {f"player_{k}": make_agent(league.client(snap) if f"player_{k}" == frozen else client,
+                                                    cfg.ctx, cfg.temperature, cfg.max_completion_tokens)
+                          for k in range(2)}
+                return MultiAgentProtocol(agents, frozen=(frozen,))
+            self.engine.protocols[key] = factory
+        return key, {"opponent": "league", "opponent_snapshot": snap.name, "trained_seat": f"player_{draw.seat}"}
 
     def observe(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
         """Feed the batch's outcomes to the curriculum; its metrics (stage, replay share)."""
@@ -360,6 +395,8 @@ class GameRequests:
         state: dict[str, Any] = {"rng": rng_state(self.rng)}
         if self.curriculum is not None:
             state["curriculum"] = self.curriculum.state_dict()
+        if self.sampler is not None:
+            state["opponents"] = self.sampler.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -368,6 +405,8 @@ class GameRequests:
         set_rng_state(self.rng, state["rng"])
         if self.curriculum is not None and "curriculum" in state:
             self.curriculum.load_state_dict(state["curriculum"])
+        if self.sampler is not None and "opponents" in state:
+            self.sampler.load_state_dict(state["opponents"])
 
 
 def exploitability(model: Any, tok: Any, games: Sequence[str], temperature: float = 1.0) -> dict[str, float]:
@@ -400,8 +439,18 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
     logger_names(cfg.logger)
     games = parse_games(cfg.games)
     names = sorted({game_name(g) for g in games})
-    if cfg.opponent not in ("random", "mcts", "self"):
-        raise ValueError(f"--opponent must be random, mcts or self, got {cfg.opponent!r}")
+    if cfg.opponent not in ("random", "mcts", "self", "league"):
+        raise ValueError(f"--opponent must be random, mcts, self or league, got {cfg.opponent!r}")
+    if cfg.opponent == "league":
+        from ludic.envs.openspiel import TASK_BLOCK, OpenSpielEnv
+
+        def players(g: dict[str, Any]) -> int:
+            kw = {"task_id": g["index"] * TASK_BLOCK} if "index" in g else g
+            return 0 if "trace" in g else OpenSpielEnv(**kw).num_players
+
+        many = [g for g in games if players(g) != 2]
+        if many:
+            raise ValueError(f"--opponent league plays two-player games; not: {[game_name(g) for g in many]}")
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(f"games-{'-'.join(names)}")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
@@ -416,14 +465,25 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
                     kl_coef=cfg.kl_coef, clip_low=cfg.clip, clip_high=cfg.clip, value_clip=cfg.value_clip)
     rollouts = RolloutEngine(protocols(engine, cfg, cfg.temperature), concurrency=cfg.concurrency,
                              jsonl_path=run_dir / "rollouts.jsonl")
-    requests = GameRequests(cfg, cfg.seed)
+    league = None
+    if cfg.opponent == "league":
+        from ludic.training.league import League, frozen_copy_clients
+
+        league = League(run_dir / "league", max_size=cfg.league_size, every=cfg.league_every,
+                        make_client=frozen_copy_clients(model, tok))
+    requests = GameRequests(cfg, cfg.seed, league=league, engine=rollouts, client=engine)
     source = RolloutBatchSource(rollouts, requests, algo.credit, metrics_fn=requests.metrics, merge_turns=False)
     logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
     tcfg = cfg.trainer
     trainer = Trainer(model, algo, source, tcfg, logger=logger, checkpoint_dir=run_dir / "checkpoints",
                       tokenizer=tok, pad_token_id=tok.pad_token_id)
-    if cfg.resume and trainer.resume():
+    resumed = cfg.resume and trainer.resume()
+    if resumed:
         print(f"[ludic] resumed from step {trainer.step} in {run_dir}", flush=True)
+    if league is not None:
+        if not resumed:
+            league.load_state_dict({"snapshots": []})  # a fresh run starts with an empty league
+        league.maybe_snapshot(model, trainer.step)
     curve: list[dict[str, Any]] = []
 
     def measure(step: int) -> None:
@@ -439,6 +499,8 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
     async def on_step(step: int, metrics: dict[str, Any]) -> None:
         nonlocal last
         last = dict(metrics)
+        if league is not None:
+            league.maybe_snapshot(model, step)
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.train_steps:
             measure(step)
 
