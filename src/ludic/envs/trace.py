@@ -16,7 +16,6 @@ directory); a program that fails there is a ``TraceProgramError`` naming the tas
 from __future__ import annotations
 
 import ast
-import json
 import random
 import re
 from dataclasses import dataclass
@@ -188,21 +187,18 @@ def generate_program(task_id: int) -> tuple[str, str]:
 
 
 def load_trace_records(path: str | Path) -> list[dict[str, str]]:
-    """JSONL records with string fields ``program`` and ``inputs``; a bad line names its file and line."""
-    out = []
-    p = Path(path)
-    for i, line in enumerate(p.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p}:{i}: not JSON ({e.msg})") from e
-        if not isinstance(rec, dict) or not isinstance(rec.get("program"), str) or not isinstance(rec.get("inputs", ""), str):
-            raise ValueError(f"{p}:{i}: a trace record needs 'program' (string) and 'inputs' (string)")
-        out.append({"program": rec["program"], "inputs": rec.get("inputs", "")})
+    """JSONL records with string fields ``program`` and ``inputs``; a bad line names its file and line
+    (``read_jsonl``)."""
+    from ludic.data.jsonl import DatasetError, read_jsonl
+
+    def check(rec: dict) -> str | None:
+        if not isinstance(rec.get("program"), str) or not isinstance(rec.get("inputs", ""), str):
+            return "a trace record needs 'program' (string) and 'inputs' (string)"
+        return None
+
+    out = [{"program": r["program"], "inputs": r.get("inputs", "")} for r in read_jsonl(path, validate=check)]
     if not out:
-        raise ValueError(f"{p}: no trace records")
+        raise DatasetError(f"{path}: no trace records")
     return out
 
 

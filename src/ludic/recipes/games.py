@@ -597,15 +597,15 @@ async def _eval_games(cfg: EvalGamesConfig) -> dict[str, Any]:
 def _exact(client: Any, name: str, temperature: float) -> dict[str, float]:
     """NashConv (poker) or value-preserving moves (tic_tac_toe) of the in-process model."""
     from ludic.envs.openspiel import OpenSpielEnv
-    from ludic.eval.games import board_key, nash_conv, policy_table, value_preserving_rate
+    from ludic.eval.games import board_key, policy_table, value_preserving_rate
 
     model, tok = getattr(client, "model", None), getattr(client, "tokenizer", None)
     if model is None:
         raise ValueError("--exploitability reads the model's probabilities: use --inference transformers")
-    env = OpenSpielEnv(game=name)
     temp = temperature or 1.0
     if name in EXPLOITABILITY_GAMES:
-        return {"nash_conv": nash_conv(env.game, policy_table(env, model, tok, temperature=temp))}
+        return {"nash_conv": exploitability(model, tok, [name], temp)[f"nash_conv/{name}"]}
     if name == "tic_tac_toe":
+        env = OpenSpielEnv(game=name)
         return value_preserving_rate(env.game, policy_table(env, model, tok, temperature=temp, key=board_key))
     return {}
