@@ -37,7 +37,7 @@ def test_make_logger_with_offline_wandb_and_tensorboard(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     lg = make_logger("rich,wandb,tensorboard", tmp_path, {"lr": 1e-4}, total_steps=2)
-    assert [type(x).__name__ for x in lg.loggers] == ["JsonlLogger", "RichLogger", "WandbLogger", "TensorBoardLogger"]
+    assert [type(x).__name__ for x in lg.loggers] == ["JsonlLogger", "RichLogger", "WandbLogger", "TensorBoardLogger", "ReportLogger"]
     lg.log(1, {"loss": 1.0, "reward_mean": 0.5})
     lg.close()
     assert list((tmp_path / "wandb").glob("offline-run-*"))

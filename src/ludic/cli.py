@@ -2,6 +2,8 @@
 
     ludic train tictactoe [flags]     GRPO + LoRA on tic-tac-toe
     ludic train prompts [flags]       GRPO on a JSONL prompt dataset with a reward function
+    ludic train qa [flags]            GRPO on graded QA / math answers (arith, JSONL, parquet, GSM8K; --tools)
+    ludic eval qa [flags]             QA accuracy with a 95% CI and pass@k
     ludic train games [flags]         PPO (value head, GAE, adaptive KL) + LoRA on OpenSpiel games
     ludic eval games [flags]          score / success / invalid answers per game (--exploitability: NashConv)
     ludic train tictactoe --pipeline N  pipeline RL: Redis, N actor processes, this one learns
@@ -13,6 +15,7 @@
     ludic sft [flags]                 supervised fine-tuning on JSONL (torchrun-ready)
     ludic dpo [flags]                 preference optimisation (DPO / IPO / hinge) on JSONL pairs
     ludic recipe tictactoe [flags]    teacher data -> SFT -> GRPO -> eval, with a report
+    ludic report RUN_DIR              (re)write RUN_DIR/report.html: curves, eval tables, trajectories
     ludic model prepare               convert the packaged model once (cached)
 
 Run ``ludic <command> <target> --help`` for the flags of each command.
@@ -146,10 +149,38 @@ def _train_games(argv: list[str]) -> None:
     print(json.dumps({k: v for k, v in out.items() if isinstance(v, (int, float, list))}, indent=2))
 
 
+def _train_qa(argv: list[str]) -> None:
+    from ludic.recipes.qa import TrainQAConfig, train_qa
+
+    out = train_qa(parse_config(TrainQAConfig, argv, prog="ludic train qa"))
+    print(json.dumps({k: v for k, v in out.items() if k in ("before", "after", "accuracy_gain", "run_dir")},
+                     indent=2))
+
+
+def _eval_qa(argv: list[str]) -> None:
+    from ludic.recipes.qa import EvalQAConfig, eval_qa
+
+    eval_qa(parse_config(EvalQAConfig, argv, prog="ludic eval qa"))
+
+
 def _eval_games(argv: list[str]) -> None:
     from ludic.recipes.games import EvalGamesConfig, eval_games
 
     print(json.dumps(eval_games(parse_config(EvalGamesConfig, argv, prog="ludic eval games")), indent=2))
+
+
+def _report(argv: list[str]) -> None:
+    import argparse
+
+    from ludic.report import build_report
+
+    parser = argparse.ArgumentParser(prog="ludic report", description="(Re)write RUN_DIR/report.html from the run's logs.")
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory written by ludic train/recipe")
+    args = parser.parse_args(argv)
+    try:
+        print(f"report written to {build_report(args.run_dir)}")
+    except FileNotFoundError as e:
+        raise SystemExit(f"ludic report: {e}")
 
 
 def _model_prepare(argv: list[str]) -> None:
@@ -166,6 +197,8 @@ COMMANDS: dict[tuple[str, ...], Callable[[list[str]], None]] = {
     ("train", "prompts"): _train_prompts,
     ("train", "games"): _train_games,
     ("eval", "games"): _eval_games,
+    ("train", "qa"): _train_qa,
+    ("eval", "qa"): _eval_qa,
     ("actor", "tictactoe"): _actor_tictactoe,
     ("learner", "tictactoe"): _learner_tictactoe,
     ("eval", "tictactoe"): _eval_tictactoe,
@@ -175,6 +208,7 @@ COMMANDS: dict[tuple[str, ...], Callable[[list[str]], None]] = {
     ("dpo",): _dpo,
     ("recipe", "tictactoe"): _recipe_tictactoe,
     ("model", "prepare"): _model_prepare,
+    ("report",): _report,
 }
 
 

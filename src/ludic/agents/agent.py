@@ -43,7 +43,9 @@ class AgentTurn:
     trace: TokenTrace | None
     """Exact tokens (None only when no tokenizer and the backend returned none)."""
     info: dict[str, Any] = field(default_factory=dict)
-    """finish_reason, parse_error, incomplete_completion, inference_error, ..."""
+    """finish_reason, parse_error, incomplete_completion, inference_error, tool_calls, ..."""
+    tool_messages: list[Message] = field(default_factory=list)
+    """Tool results the agent added to its context (a tool turn: the env is not stepped)."""
 
     @property
     def failed_request(self) -> bool:

@@ -59,6 +59,10 @@ class ContextStrategy:
                 feedback = m["content"]
         return None, feedback
 
+    def add_tool_result(self, text: str) -> None:
+        """A tool's result (``ludic.agents.tools``) becomes a ``tool`` message."""
+        self.history.append({"role": "tool", "content": text})
+
     def add_response(self, text: str) -> None:
         """The model's completion becomes an assistant message."""
         self.history.append({"role": "assistant", "content": text})

@@ -47,6 +47,8 @@ ENVS: Registry[EnvFactory] = Registry("env kind", {
     "tictactoe_position": "ludic.envs.tictactoe_positions:TicTacToePositionEnv",
     "openspiel": "ludic.envs.openspiel:OpenSpielEnv",
     "trace": "ludic.envs.trace:TraceEnv",
+    "qa": "ludic.envs.qa:QAEnv",
+    "dataset_qa": "ludic.envs.qa:DatasetQAEnv",
 })
 
 

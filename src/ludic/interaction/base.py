@@ -52,6 +52,15 @@ def parse_error_step(index: int, obs: str, turn: AgentTurn, stop: bool) -> Step:
     )
 
 
+def tool_step(index: int, obs: str, turn: AgentTurn) -> Step:
+    """The model called tools (``ludic.agents.tools``): the env is not stepped; the results are the next obs."""
+    return Step(
+        index=index, prev_obs=obs, action=turn.text, parsed_action=None,
+        next_obs="\n".join(m["content"] for m in turn.tool_messages), reward=turn.parse.reward,
+        terminated=False, truncated=False, trace=turn.trace, info={**turn.info, "tool_step": True},
+    )
+
+
 def env_step(index: int, obs: str, turn: AgentTurn, out: StepOutcome) -> Step:
     """A parsed action was applied to the env: env reward plus format reward."""
     done = out.terminated or out.truncated

@@ -12,12 +12,14 @@ from ludic.interaction.base import (
     failed_request_step,
     mark_truncated,
     parse_error_step,
+    tool_step,
 )
 from ludic.types import JSON, Rollout, Step
 
 
 class SingleAgentProtocol(InteractionProtocol):
-    """Loop: observe -> act -> (parse failure: synthetic step | env.step) until done or max_steps.
+    """Loop: observe -> act -> (tool call: tool step | parse failure: synthetic step | env.step)
+    until done or max_steps (every model call counts as a step).
 
     Args:
         agent: the policy (its context must be fresh per episode).
@@ -60,6 +62,10 @@ class SingleAgentProtocol(InteractionProtocol):
                     steps.append(failed_request_step(i, obs, turn))
                     meta["failed"] = True
                     break
+                if turn.tool_messages:  # the agent already holds the tool results in its context
+                    steps.append(tool_step(i, obs, turn))
+                    obs = steps[-1].next_obs or ""
+                    continue
                 if turn.parse.action is None:
                     step = parse_error_step(i, obs, turn, self.stop_on_parse_error)
                     steps.append(step)

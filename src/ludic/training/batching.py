@@ -216,7 +216,9 @@ def _decoder_and_head(model: Any) -> tuple[Any, Any] | None:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not hasattr(base, "get_decoder") or not hasattr(base, "get_output_embeddings"):
         return None
-    if type(base).__name__.startswith("FSDP"):
+    from ludic.training.fsdp import is_sharded
+
+    if is_sharded(model) or is_sharded(base):
         return None  # FSDP2 root hooks must run: use the full forward
     return base.get_decoder(), logits_fn(base.get_output_embeddings(), getattr(base, "config", None))
 

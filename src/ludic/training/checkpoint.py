@@ -68,20 +68,25 @@ def save_checkpoint(
     tokenizer: Any | None = None,
     state: dict[str, Any] | None = None,
     max_to_keep: int | None = 2,
+    model_state: dict[str, Any] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a complete checkpoint for ``step`` and point ``latest.json`` at it (crash-safe, see above)."""
+    """Write a complete checkpoint for ``step`` and point ``latest.json`` at it (crash-safe, see above).
+
+    ``model_state`` / ``optimizer_state``: full state dicts gathered from a sharded (FSDP2) model,
+    written instead of the model's and optimizer's own (which hold only this rank's shards)."""
     root = Path(root)
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
     old = root / f".old_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp / "model")
+    model.save_pretrained(tmp / "model", **({"state_dict": model_state} if model_state is not None else {}))
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
     _save_value_head(model, tmp)
     if optimizer is not None:
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(optimizer_state if optimizer_state is not None else optimizer.state_dict(), tmp / "optimizer.pt")
     if scheduler is not None:
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     (tmp / "rng.json").write_text(json.dumps(_rng_state()))

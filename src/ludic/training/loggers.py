@@ -138,8 +138,8 @@ class MultiLogger:
         for lg in self.loggers:
             try:
                 lg.close()
-            except Exception:
-                pass
+            except Exception as e:  # a sink that cannot close (a report that cannot render) never kills the run
+                print(f"[ludic] logger {type(lg).__name__} failed to close: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 LOGGER_NAMES = ("rich", "print", "wandb", "tensorboard", "none")
@@ -156,7 +156,10 @@ def logger_names(spec: str) -> list[str]:
 
 
 def make_logger(spec: str, run_dir: Path, config: dict[str, Any], total_steps: int | None = None) -> MultiLogger:
-    """``spec``: comma- or plus-separated from {rich, print, wandb, tensorboard, none}; JSONL is always on."""
+    """``spec``: comma- or plus-separated from {rich, print, wandb, tensorboard, none}; JSONL is always on,
+    and ``report.html`` (``ludic.report``) is written when the logger closes."""
+    from ludic.report import ReportLogger
+
     loggers: list[Any] = [JsonlLogger(run_dir / "metrics.jsonl")]
     for name in logger_names(spec):
         if name in ("rich", "print"):
@@ -165,4 +168,4 @@ def make_logger(spec: str, run_dir: Path, config: dict[str, Any], total_steps: i
             loggers.append(WandbLogger(run_dir, config))
         elif name == "tensorboard":
             loggers.append(TensorBoardLogger(run_dir))
-    return MultiLogger(loggers)
+    return MultiLogger(loggers + [ReportLogger(run_dir)])

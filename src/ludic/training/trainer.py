@@ -30,6 +30,7 @@ from typing import Any, Awaitable, Callable
 import torch
 
 from ludic.distributed import is_distributed, is_rank0
+from ludic.training.fsdp import full_state_dict, is_sharded
 from ludic.rollouts.batch import BatchSource
 from ludic.training.algorithms import Algorithm
 from ludic.training.batching import (
@@ -365,7 +366,7 @@ class Trainer:
                     sums[k] = sums.get(k, 0.0) + val
                 elif k != "num_tokens":
                     tok_weighted[k] = tok_weighted.get(k, 0.0) + val * n
-        if not items and _is_fsdp(self.model) and totals["segments_raw"] > 0:
+        if not items and is_sharded(self.model) and totals["segments_raw"] > 0:
             self._idle_forward_backward()  # FSDP's all-gathers / reduce-scatters need every rank
         self._all_reduce_grads()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -377,13 +378,24 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]
         dt = time.perf_counter() - t0
-        metrics.update(sums)
+        metrics.update(self._sum_over_ranks(sums))
         metrics.update({k: v / max(n_tok, 1) for k, v in tok_weighted.items()})
         metrics.update(
             grad_norm=float(grad_norm), lr=lr, train_s=dt, train_tokens=train_tokens,
             train_tokens_per_s=train_tokens / dt if dt > 0 else 0.0,
         )
         return metrics
+
+    def _sum_over_ranks(self, sums: dict[str, float]) -> dict[str, float]:
+        """The summed stats (loss terms with whole-batch normalisers) of the global batch: the loss a
+        distributed step logs is the single-process loss, not this rank's share."""
+        if not is_distributed():
+            return sums
+        keys = sorted(_SUMMED)
+        t = torch.tensor([sums.get(k, 0.0) for k in keys] + [float(k in sums) for k in keys], dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        n = len(keys)
+        return {k: float(t[i]) for i, k in enumerate(keys) if t[n + i] > 0}
 
     def _check_sampling(self, items: list[SAWItem]) -> None:
         """Refuse importance ratios against truncated (top-p / top-k) sampler distributions."""
@@ -441,13 +453,20 @@ class Trainer:
                 return score_actions(self.model, mb)[0]
 
     def _all_reduce_grads(self) -> None:
-        """Sum gradients over ranks (plain data parallel; FSDP reduces its own).
+        """Sum gradients over ranks (plain data parallel; FSDP reduce-scatters its own mean, made a sum here).
 
         Every rank takes part, also one that had no items: its gradient is zero.
         """
-        if not is_distributed() or _is_fsdp(self.model):
+        if not is_distributed():
             return
         import torch.distributed as dist
+
+        if is_sharded(self.model):  # FSDP reduce-scattered the mean; the normalisers want the sum
+            world = dist.get_world_size()
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(world)
+            return
 
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         for p in params:
@@ -481,6 +500,13 @@ class Trainer:
                     await res  # type: ignore[misc]
 
     def save(self) -> Path | None:
+        model_state = optimizer_state = None
+        if is_sharded(self.model) and self.checkpoint_dir is not None:  # every rank joins the gathers
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            model_state = full_state_dict(self.model)
+            optimizer_state = get_optimizer_state_dict(
+                self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if self.checkpoint_dir is None or not is_rank0():
             return None
         state = {"policy_version": self.policy_version, "algorithm": self.algorithm.name,
@@ -490,6 +516,7 @@ class Trainer:
         path = save_checkpoint(
             self.checkpoint_dir, self.step, model=self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, tokenizer=self.tokenizer, state=state, max_to_keep=self.cfg.max_to_keep,
+            model_state=model_state, optimizer_state=optimizer_state,
         )
         if hasattr(self.source, "on_checkpoint"):  # e.g. the pipeline acknowledges what this checkpoint holds
             self.source.on_checkpoint(path)
@@ -503,6 +530,10 @@ class Trainer:
             path = latest_checkpoint(self.checkpoint_dir)
             if path is None:
                 return False
+        if is_sharded(self.model):
+            raise NotImplementedError(
+                f"resuming a sharded (FSDP2) trainer from {path} is not supported yet: load the checkpoint "
+                "into the model with load_checkpoint before shard_model")
         state = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step = int(state["step"])
         self.policy_version = int(state.get("policy_version", self.step))
@@ -515,9 +546,6 @@ class Trainer:
         return True
 
 
-def _is_fsdp(model: Any) -> bool:
-    """FSDP2's ``fully_shard`` renames the module class to ``FSDP<name>``."""
-    return type(model).__name__.startswith("FSDP")
 
 
 def _needs_ref_copy(model: Any, algorithm: Any) -> bool:

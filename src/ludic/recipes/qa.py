@@ -1,0 +1,315 @@
+"""QA and math: ``ludic train qa`` (GRPO on graded answers) and ``ludic eval qa`` (accuracy, pass@k).
+
+    ludic eval qa --data arith --split test --limit 100                accuracy of the packaged model
+    ludic train qa --data arith --train-steps 30                        GRPO, evaluated before and after
+    ludic train qa --data openai/gsm8k --grader math --max-completion-tokens 256
+    ludic train qa --data arith --tools                                 with a calculator tool (ToolAgent)
+
+Both commands build their agents with ``make_qa_agent`` from the same config
+fields (``answer``, ``grader``, ``template``, ``tools``), so the reward the
+trainer sees and the accuracy the evaluation reports read answers with the
+same parser and grade them with the same grader. Each evaluated sample is
+written to a JSONL file (question, reply, parsed answer, correct).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import statistics
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from ludic.inference.models import DEFAULT_MODEL
+from ludic.training.config import TrainerConfig
+from ludic.types import Rollout
+
+DEFAULT_TEMPLATE = "{question}\nReply with the answer as a number only."
+TOOL_TEMPLATE = "{question}\nUse the calculator tool, then reply with the answer as a number only."
+
+
+@dataclass
+class QAOptions:
+    """How questions are shown, answers read and graded (shared by train and eval)."""
+
+    data: str = "arith"
+    """``arith`` (generated word problems), a .jsonl/.parquet file, or a hub id such as openai/gsm8k."""
+    question_key: str = "question"
+    answer_key: str = "answer"
+    grader: str = "math"
+    """exact | numeric | math."""
+    answer: str = "auto"
+    """How the answer is read from the reply: auto | boxed | hash | number."""
+    template: str = ""
+    """How a question is shown ({question}); default: the question and 'Reply with the answer as a number only.'"""
+    system_prompt: str | None = None
+    tools: bool = False
+    """Give the agent a calculator tool (ToolAgent); the template then asks it to use the tool."""
+    max_tool_calls: int = 2
+    max_completion_tokens: int = 16
+    parse_penalty: float = 0.0
+    """Reward of a reply with no answer in it."""
+
+    def question_template(self) -> str:
+        return self.template or (TOOL_TEMPLATE if self.tools else DEFAULT_TEMPLATE)
+
+
+def make_qa_agent(client: Any, opts: QAOptions, sampling: Any) -> Any:
+    """The agent both ``ludic train qa`` and ``ludic eval qa`` use: one parser, one format."""
+    from ludic.agents.agent import Agent
+    from ludic.context import FullDialog
+    from ludic.envs.qa import calculator, make_answer_parser
+
+    parser = make_answer_parser(opts.answer, opts.parse_penalty)
+    ctx = FullDialog(opts.system_prompt)
+    if opts.tools:
+        from ludic.agents.tools import ToolAgent
+
+        return ToolAgent(client, [calculator], ctx, parser, sampling, max_tool_calls=opts.max_tool_calls,
+                         reject_incomplete=False)
+    return Agent(client, ctx, parser, sampling, reject_incomplete=False)
+
+
+def qa_requests(opts: QAOptions, records: Sequence[dict], **kw: Any) -> list[Any]:
+    """One request per record (``kw`` goes to RolloutRequest: group ids, seeds)."""
+    from ludic.types import EnvSpec, RolloutRequest
+
+    steps = 1 + (opts.max_tool_calls + 1 if opts.tools else 0)
+    return [RolloutRequest(EnvSpec("qa", {"question": r["question"], "answer": r["answer"], "grader": opts.grader,
+                                          "template": opts.question_template(), "id": r["id"]}),
+                           max_steps=steps, meta={"record_id": r["id"]}, **kw) for r in records]
+
+
+def _outcome(r: Rollout) -> dict[str, Any]:
+    last = r.steps[-1] if r.steps else None
+    info = last.info if last is not None else {}
+    return {
+        "id": r.meta.get("record_id"), "correct": bool(info.get("correct", False)),
+        "parsed": last.parsed_action if last is not None else None,
+        "reply": last.action if last is not None else "", "reference": info.get("reference"),
+        "tool_calls": sum(len(s.info.get("tool_calls", [])) for s in r.steps),
+        "failed": bool(r.meta.get("failed")), "parse_error": any(s.parse_error for s in r.steps),
+    }
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct (Chen et al. 2021)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def qa_metrics(outcomes: Sequence[dict], samples: int, ks: Sequence[int]) -> dict[str, Any]:
+    """accuracy (mean over samples) with a 95% Wilson interval over records, pass@k, parse-error rate."""
+    from ludic.eval.stats import wilson_interval
+
+    by_id: dict[Any, list[dict]] = {}
+    for o in outcomes:
+        by_id.setdefault(o["id"], []).append(o)
+    n_ok = sum(o["correct"] for o in outcomes)
+    lo, hi = wilson_interval(n_ok, len(outcomes))
+    out: dict[str, Any] = {
+        "records": len(by_id), "samples": samples, "accuracy": n_ok / max(len(outcomes), 1),
+        "accuracy_ci95_low": lo, "accuracy_ci95_high": hi,
+        "parse_error_rate": sum(o["parse_error"] for o in outcomes) / max(len(outcomes), 1),
+        "failed_rate": sum(o["failed"] for o in outcomes) / max(len(outcomes), 1),
+        "tool_calls_per_episode": sum(o["tool_calls"] for o in outcomes) / max(len(outcomes), 1),
+    }
+    for k in ks:
+        if k <= samples:
+            out[f"pass@{k}"] = statistics.fmean(
+                pass_at_k(len(v), sum(o["correct"] for o in v), k) for v in by_id.values())
+    return out
+
+
+async def evaluate_records(client: Any, opts: QAOptions, records: Sequence[dict], *, samples: int = 1,
+                           temperature: float = 0.0, ks: Sequence[int] = (1,), out: Path | None = None,
+                           seed: int = 0) -> dict[str, Any]:
+    """Accuracy of ``client`` on ``records`` (``samples`` replies each), written to ``out`` as JSONL."""
+    from ludic.data.jsonl import write_jsonl
+    from ludic.inference.client import SamplingParams
+    from ludic.interaction import SingleAgentProtocol
+    from ludic.rollouts.engine import RolloutEngine
+
+    sampling = SamplingParams(temperature=temperature, max_tokens=opts.max_completion_tokens)
+    engine = RolloutEngine({"single_agent": lambda: SingleAgentProtocol(make_qa_agent(client, opts, sampling))},
+                           concurrency=64)
+    reqs = [replace(r, env_seed=0, sampling_seed=seed + 1000 * j) for j in range(samples)
+            for r in qa_requests(opts, records)]
+    outcomes = [_outcome(r) for r in await engine.generate_rollouts(reqs)]
+    questions = {r["id"]: r["question"] for r in records}
+    if out is not None:
+        write_jsonl(out, [{**o, "question": questions.get(o["id"])} for o in outcomes])
+    return qa_metrics(outcomes, samples, ks)
+
+
+def format_metrics(name: str, m: dict[str, Any]) -> str:
+    s = (f"{name}: accuracy {m['accuracy'] * 100:.1f}% (95% CI {m['accuracy_ci95_low'] * 100:.1f}-"
+         f"{m['accuracy_ci95_high'] * 100:.1f}%) on {m['records']} records x {m['samples']} samples")
+    s += "".join(f", {k} {v * 100:.1f}%" for k, v in m.items() if k.startswith("pass@"))
+    s += f", no answer {m['parse_error_rate'] * 100:.1f}%"
+    if m["tool_calls_per_episode"]:
+        s += f", tool calls/episode {m['tool_calls_per_episode']:.2f}"
+    return s
+
+
+@dataclass
+class EvalQAConfig:
+    """Accuracy and pass@k on a QA split."""
+
+    model: str = DEFAULT_MODEL
+    adapter: str | None = None
+    qa: QAOptions = field(default_factory=QAOptions)
+    split: str = "test"
+    limit: int = 100
+    """Records evaluated (0 = all)."""
+    samples: int = 1
+    """Replies per record; pass@k needs samples >= k."""
+    k: str = "1"
+    """Comma-separated k values for pass@k."""
+    temperature: float = 0.0
+    inference: str = "transformers"
+    """transformers | vllm."""
+    start_server: bool = False
+    host: str = "127.0.0.1"
+    port: int = 8000
+    out: str = "qa_eval.jsonl"
+    dtype: str = "auto"
+    seed: int = 0
+
+
+def eval_qa(cfg: EvalQAConfig) -> dict[str, Any]:
+    return asyncio.run(_eval_qa(cfg))
+
+
+async def _eval_qa(cfg: EvalQAConfig) -> dict[str, Any]:
+    from ludic.envs.qa import load_qa_records
+    from ludic.recipes.backends import make_eval_client
+
+    records = load_qa_records(cfg.qa.data, cfg.split, cfg.qa.question_key, cfg.qa.answer_key, cfg.limit or None)
+    ks = [int(k) for k in cfg.k.split(",") if k.strip()]
+    client, close = await make_eval_client(cfg)
+    try:
+        m = await evaluate_records(client, cfg.qa, records, samples=cfg.samples, temperature=cfg.temperature,
+                                   ks=ks, out=Path(cfg.out), seed=cfg.seed)
+    finally:
+        await close()
+    print(format_metrics(f"{cfg.qa.data} {cfg.split}", m))
+    print(f"samples written to {cfg.out}")
+    return m
+
+
+@dataclass
+class TrainQAConfig:
+    """GRPO on graded QA answers, with accuracy on a held-out split before and after."""
+
+    model: str = DEFAULT_MODEL
+    adapter: str | None = None
+    qa: QAOptions = field(default_factory=QAOptions)
+    split: str = "train"
+    eval_split: str = "test"
+    eval_limit: int = 100
+    """Held-out records evaluated (greedy) before and after training (0: no evaluation)."""
+    group_size: int = 8
+    prompts_per_step: int = 4
+    train_steps: int = 30
+    temperature: float = 1.0
+    algorithm: str = "grpo"
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=5e-5))
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    full_finetune: bool = False
+    kl_coef: float = 0.0
+    inference: str = "transformers"
+    """transformers (in process) | vllm (a server started for the run)."""
+    run_dir: str | None = None
+    logger: str = "rich"
+    resume: bool = True
+    dtype: str = "auto"
+    seed: int = 0
+
+
+def train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
+    return asyncio.run(_train_qa(cfg))
+
+
+async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
+    from ludic.config import dump_config
+    from ludic.envs.qa import load_qa_records
+    from ludic.inference.client import SamplingParams
+    from ludic.interaction import SingleAgentProtocol
+    from ludic.recipes.backends import make_inference
+    from ludic.recipes.grpo_prompts import reward_metrics
+    from ludic.recipes.tictactoe import default_run_dir
+    from ludic.rollouts.batch import RolloutBatchSource
+    from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
+    from ludic.training.algorithms import algorithm_for
+    from ludic.training.loggers import logger_names, make_logger
+    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.trainer import Trainer
+
+    logger_names(cfg.logger)
+    records = load_qa_records(cfg.qa.data, cfg.split, cfg.qa.question_key, cfg.qa.answer_key)
+    held_out = (load_qa_records(cfg.qa.data, cfg.eval_split, cfg.qa.question_key, cfg.qa.answer_key,
+                                cfg.eval_limit) if cfg.eval_limit else [])
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir("qa")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir / "config.json")
+    lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
+    model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    inf = await make_inference(cfg.inference, model, tok, cfg.model, run_dir, dtype=cfg.dtype)
+    sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.qa.max_completion_tokens)
+    results: dict[str, Any] = {}
+
+    async def evaluate(stage: str) -> None:
+        if held_out:
+            model.eval()
+            m = await evaluate_records(inf.client, cfg.qa, held_out, out=run_dir / f"eval_{stage}.jsonl")
+            model.train()
+            results[stage] = m
+            print(format_metrics(f"[qa] {stage} ({cfg.eval_split})", m), flush=True)
+
+    order = list(range(len(records)))
+    random.Random(cfg.seed).shuffle(order)
+    cursor = 0
+
+    def requests_fn() -> list[Any]:
+        nonlocal cursor
+        picked = [records[order[(cursor + i) % len(order)]] for i in range(cfg.prompts_per_step)]
+        cursor += cfg.prompts_per_step
+        return qa_requests(cfg.qa, picked)
+
+    algo = algorithm_for(cfg)
+    source = RolloutBatchSource(
+        RolloutEngine({"single_agent": lambda: SingleAgentProtocol(make_qa_agent(inf.client, cfg.qa, sampling))},
+                      concurrency=64, jsonl_path=run_dir / "rollouts.jsonl"),
+        requests_fn, algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
+        sample_filter=algo.sample_filter, metrics_fn=reward_metrics,
+    )
+    logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
+    trainer = Trainer(
+        model, algo, source,
+        replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
+                norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.qa.max_completion_tokens),
+        publisher=inf.publisher, logger=logger, checkpoint_dir=run_dir / "checkpoints",
+        tokenizer=tok, pad_token_id=tok.pad_token_id,
+    )
+    try:
+        if cfg.resume:
+            trainer.resume()
+        cursor = trainer.step * cfg.prompts_per_step  # a resumed run continues through the data
+        if trainer.step == 0:
+            await evaluate("before")
+        await trainer.train(cfg.train_steps)
+        trainer.save()
+        await evaluate("after")
+        if "before" in results and "after" in results:
+            results["accuracy_gain"] = results["after"]["accuracy"] - results["before"]["accuracy"]
+        (run_dir / "qa_results.json").write_text(json.dumps(results, indent=2))
+    finally:
+        logger.close()  # writes report.html, with the results above
+        await inf.close()
+    return {**results, "run_dir": str(run_dir), "steps": trainer.step}

@@ -1,0 +1,94 @@
+"""FSDP2 on CPU: two gloo processes with the model sharded by ``fully_shard`` train exactly like one process
+on the same global batch (SFT with full fine-tuning, GRPO with LoRA), publish the same merged weights,
+and write a checkpoint a single process loads."""
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from ludic.rollouts.batch import build_saw_items
+from ludic.rollouts.credit import GroupNormalizedReturn
+from ludic.types import SAWItem
+
+WORKER = str(Path(__file__).with_name("fsdp_worker.py"))
+
+
+def _run(cmd, **env):
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _sft_items(tokenizer):
+    texts = [("2+2=", " 4"), ("Capital of France:", " Paris"), ("Colour of the sky:", " blue, mostly"),
+             ("1, 2, 3,", " 4, 5, 6"), ("Hello", " world!"), ("Ludic trains", " agents")]
+    items = []
+    for p, c in texts:
+        pi = tuple(tokenizer(p, add_special_tokens=False)["input_ids"])
+        ci = tuple(tokenizer(c, add_special_tokens=False)["input_ids"])
+        items.append(SAWItem(prompt_ids=pi, completion_ids=ci, weight=1.0).to_dict())
+    return items
+
+
+def _grpo_items(model_dir):
+    from ludic.agents.agent import Agent
+    from ludic.context import FullDialog
+    from ludic.inference.client import SamplingParams
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.interaction import SingleAgentProtocol
+    from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
+    from ludic.training.lora import load_policy
+    from ludic.types import EnvSpec, RolloutRequest
+
+    model, tok = load_policy(str(model_dir), dtype="float32", seed=0)
+    engine = TransformersEngine(model, tok)
+
+    def factory():
+        return SingleAgentProtocol(Agent(engine, FullDialog("Talk."),
+                                         sampling=SamplingParams(temperature=1.0, max_tokens=6), reject_incomplete=False))
+
+    reqs = GRPORequestStrategy(4, seed=3).expand([RolloutRequest(EnvSpec("test_vowels"), max_steps=1)] * 3)
+    rollouts = asyncio.run(RolloutEngine({"single_agent": factory}).generate_rollouts(reqs))
+    return [it.to_dict() for it in build_saw_items(rollouts, GroupNormalizedReturn())]
+
+
+@pytest.mark.parametrize("mode", ["sft", "grpo"])
+def test_fsdp2_two_processes_match_one(mode, tiny_model_dir, tokenizer, tmp_path):
+    items = _sft_items(tokenizer) if mode == "sft" else _grpo_items(tiny_model_dir)
+    half = len(items) // 2
+    steps = [[items[:half], items[half:]], [items[half:], items[:half]]]
+    path = tmp_path / "items.json"
+    path.write_text(json.dumps(steps))
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one = _run([sys.executable, WORKER, mode, str(path), str(tiny_model_dir), str(tmp_path / "one")])
+    two = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                WORKER, mode, str(path), str(tiny_model_dir), str(tmp_path / "two")], OMP_NUM_THREADS="1")
+    for m1, m2 in zip(one, two):
+        assert m1["action_tokens"] == m2["action_tokens"]
+        assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-5, abs=1e-7), (m1, m2)
+        assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-4), (m1, m2)
+    for name in ("trained", "merged"):
+        a, b = load_file(str(tmp_path / "one" / f"{name}.safetensors")), load_file(str(tmp_path / "two" / f"{name}.safetensors"))
+        assert a.keys() == b.keys() and a
+        for k in a:
+            diff = (a[k].float() - b[k].float()).abs()
+            assert diff.max() < 5e-4 and diff.mean() < 2e-6, (name, k, float(diff.max()))
+
+    # the sharded run's checkpoint loads into a plain single-process model and holds the trained weights
+    from ludic.training.checkpoint import latest_checkpoint, load_checkpoint
+    from ludic.training.lora import LoraSettings, load_policy
+
+    lora = LoraSettings(rank=4, alpha=8) if mode == "grpo" else None
+    fresh, _ = load_policy(str(tiny_model_dir), lora=lora, dtype="float32", seed=1)
+    load_checkpoint(latest_checkpoint(tmp_path / "two" / "ckpt"), model=fresh)
+    trained = load_file(str(tmp_path / "two" / "trained.safetensors"))
+    params = dict(fresh.named_parameters())
+    for k, v in trained.items():
+        assert (params[k].detach() - v).abs().max() < 1e-6, k
