@@ -59,6 +59,8 @@ def test_exact_eval_through_the_cli(tiny_model_dir, tmp_path):
     recs = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(recs) == 10 and all(r["action"] is None for r in recs)  # X's opening + O after each of 9 openings
     assert {r["board"].count("X") for r in recs} == {0, 1}
+    progress = [x for x in run.stderr.splitlines() if x.startswith("[exact eval vs minimax]")]
+    assert progress and "10 decision" in progress[-1] and "\r" not in run.stderr  # line-oriented off a terminal
 
 
 def test_exact_eval_refuses_sampling_before_loading_a_model():

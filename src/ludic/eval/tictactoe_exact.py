@@ -59,6 +59,7 @@ from ludic.envs.tictactoe import (
 from ludic.envs.tictactoe_positions import board_to_string
 from ludic.inference.client import ChatClient, ChatRequest, ChatResponse, SamplingParams
 from ludic.parsers import Parser, think_move_parser
+from ludic.progress import Progress
 
 OUTCOMES = ("win", "draw", "loss", "illegal", "parse_error", "failed")
 """How a branch ends; the probabilities of one seat sum to 1 over these."""
@@ -333,8 +334,10 @@ async def exact_eval(
     met: dict[str, set[int]] = {s: set() for s in seats}
     nodes = dict.fromkeys(seats, 0)
     frontier = starts
+    bar = Progress(f"exact eval vs {opponent}", unit="decision")
     while frontier:  # one depth: every branch's next decision, sent together
         turns = await asyncio.gather(*(b.agent.act() for b in frontier))
+        bar.update(len(frontier), depth=bar.metrics.get("depth", 0) + 1)
         nxt: list[_Branch] = []
         for b, turn in zip(frontier, turns):
             key = _record(records, b, turn)
@@ -346,6 +349,7 @@ async def exact_eval(
                 else:
                     nxt.append(child)
         frontier = nxt
+    bar.close()
 
     seat_results = {s: SeatResult(**tally[s], decisions=len(met[s]), nodes=nodes[s]) for s in seats}
     both = SeatResult(
@@ -432,7 +436,13 @@ async def _sweep(new_agent: Callable[[], Agent], records: dict[int, Decision], v
             agent.observe(obs)
             agents.append(agent)
             shown.append((board, obs))
-    turns = await asyncio.gather(*(a.act() for a in agents))
+    with Progress("exact eval: all positions", len(agents), unit="prompt") as bar:
+        async def act(agent: Agent) -> Any:
+            turn = await agent.act()
+            bar.update(1)
+            return turn
+
+        turns = await asyncio.gather(*(act(a) for a in agents))
     for (board, obs), turn in zip(shown, turns):
         records.setdefault(int(turn.info["decision"]), _decision(board, obs, turn))
 

@@ -55,10 +55,18 @@ def convert_gguf(gguf_path: Path, out: Path) -> None:
     """Dequantise a GGUF checkpoint into a plain bf16 HF folder (atomic write)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    from ludic.progress import Progress
+
+    bar = Progress(f"model prepare: {out.name}", 4, unit="stage")
+    if bar.mode != "bar":  # transformers' own bars are carriage-return noise in a log
+        hf_logging.disable_progress_bar()
     src = str(gguf_path.parent)
     tok = AutoTokenizer.from_pretrained(src, gguf_file=gguf_path.name)
+    bar.update(1, stage="tokenizer")
     quantised = AutoModelForCausalLM.from_pretrained(src, gguf_file=gguf_path.name, dtype=torch.float32)
+    bar.update(1, stage="dequantise")
     # save_pretrained refuses GGUF-marked models: rebuild from a clean config.
     cfg_dict = quantised.config.to_dict()
     cfg_dict.pop("quantization_config", None)
@@ -72,6 +80,7 @@ def convert_gguf(gguf_path: Path, out: Path) -> None:
     if missing or unexpected:
         raise RuntimeError(f"GGUF conversion: missing {missing}, unexpected {unexpected}")
     model.tie_weights()
+    bar.update(1, stage="bf16 model")
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -82,6 +91,8 @@ def convert_gguf(gguf_path: Path, out: Path) -> None:
     (tmp / "generation_config.json").write_text(json.dumps(gen, indent=2))
     (tmp / "LUDIC_SOURCE.txt").write_text(f"converted from {gguf_path}\n")
     shutil.rmtree(out, ignore_errors=True)
+    bar.update(1, stage="written")
+    bar.close()
     tmp.rename(out)
 
 

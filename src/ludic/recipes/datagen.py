@@ -109,6 +109,6 @@ async def rejection_sample(
                                                  "agent_starts": i % 2 == 0, "compact": compact}),
                            env_seed=seed * 1_000_003 + i, sampling_seed=seed * 1_000_003 + i, max_steps=max_steps)
             for i in range(episodes)]
-    rollouts = await engine.generate_rollouts(reqs)
+    rollouts = await engine.generate_rollouts(reqs, progress="datagen")
     kept = filter_rollouts(rollouts, keep_results(*keep))
     return rollouts_to_records(kept, SYSTEM_PROMPT, ctx=ctx, transform=transform, placeholder=placeholder), len(kept)

@@ -571,7 +571,7 @@ async def _eval_games(cfg: EvalGamesConfig) -> dict[str, Any]:
             reqs = [RolloutRequest(spec, protocol="selfplay" if spec.kwargs.get("seats") else "single_agent",
                                    env_seed=1_000_000 + i, sampling_seed=1_000_000 + i, max_steps=cfg.max_turns,
                                    meta={"game": name}) for i, spec in enumerate(specs)]
-            rollouts = await engine.generate_rollouts(reqs)
+            rollouts = await engine.generate_rollouts(reqs, progress=f"eval {name}")
             scores = [episode_score(r) for r in rollouts]
             done = [s for s in scores if s is not None]
             wins = sum(s > 0.5 for s in done)

@@ -139,7 +139,7 @@ async def evaluate_records(client: Any, opts: QAOptions, records: Sequence[dict]
                            concurrency=64)
     reqs = [replace(r, env_seed=0, sampling_seed=seed + 1000 * j) for j in range(samples)
             for r in qa_requests(opts, records)]
-    outcomes = [_outcome(r) for r in await engine.generate_rollouts(reqs)]
+    outcomes = [_outcome(r) for r in await engine.generate_rollouts(reqs, progress="eval qa")]
     questions = {r["id"]: r["question"] for r in records}
     if out is not None:
         write_jsonl(out, [{**o, "question": questions.get(o["id"])} for o in outcomes])

@@ -237,7 +237,7 @@ def eval_requests(
 
 
 async def run_eval(engine: RolloutEngine, requests: list[RolloutRequest]) -> tuple[dict[str, float], list[Rollout]]:
-    rollouts = await engine.generate_rollouts(requests)
+    rollouts = await engine.generate_rollouts(requests, progress="eval")
     return tictactoe_metrics(rollouts), rollouts
 
 

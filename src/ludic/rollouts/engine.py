@@ -23,6 +23,7 @@ from typing import Callable, Protocol, Sequence
 from ludic.envs.registry import make_env
 from ludic.errors import episode_failure, stage
 from ludic.interaction.base import InteractionProtocol
+from ludic.progress import Progress
 from ludic.types import Rollout, RolloutRequest, Step
 
 ProtocolFactory = Callable[[], InteractionProtocol]
@@ -149,17 +150,31 @@ class RolloutEngine:
             )
         return rollouts
 
-    async def generate_rollouts(self, requests: Sequence[RolloutRequest]) -> list[Rollout]:
-        """Run every request; rollouts come back in request order (one or more per request)."""
+    async def generate_rollouts(self, requests: Sequence[RolloutRequest], progress: str | None = None) -> list[Rollout]:
+        """Run every request; rollouts come back in request order (one or more per request).
+
+        ``progress``: a description to show a ``ludic.progress`` bar over the episodes (evaluation and
+        data generation pass one; a training step does not, its logger shows the steps)."""
         sem = asyncio.Semaphore(self.concurrency)
         start = self.episodes
         self.episodes += len(requests)
+        bar = Progress(progress, len(requests), unit="episode") if progress else None
+        errors = 0
 
         async def one(i: int, req: RolloutRequest) -> list[Rollout]:
+            nonlocal errors
             async with sem:
-                return await self.run_episode(req, start + i)
+                rollouts = await self.run_episode(req, start + i)
+            if bar is not None:
+                errors += any(r.meta.get("failed") for r in rollouts)
+                bar.update(1, **({"failed": errors} if errors else {}))
+            return rollouts
 
-        results = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+        try:
+            results = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+        finally:
+            if bar is not None:
+                bar.close()
         rollouts = [r for rs in results for r in rs]
         if self.jsonl_path is not None:
             append_rollouts(self.jsonl_path, rollouts)

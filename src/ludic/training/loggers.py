@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from ludic.progress import Progress, format_seconds
+
 
 class MetricsLogger(Protocol):
     def log(self, step: int, metrics: dict[str, Any]) -> None: ...
@@ -58,31 +60,48 @@ KEY_METRICS = (
 
 
 class RichLogger:
-    """A compact console line per step (rich when available and on a TTY)."""
+    """The console view of a training run: a line per step with the key metrics above a progress bar
+    (count, ETA, loss/reward) on a terminal; off a terminal, a ``ludic.progress`` line (with the ETA) at
+    the first and last step, at every step with eval metrics, and otherwise at most every
+    ``LUDIC_PROGRESS_EVERY`` seconds, so CI logs stay short."""
 
-    def __init__(self, total_steps: int | None = None, keys: tuple[str, ...] = KEY_METRICS) -> None:
+    def __init__(self, total_steps: int | None = None, keys: tuple[str, ...] = KEY_METRICS, desc: str = "train") -> None:
+
         self.total = total_steps
         self.keys = keys
-        try:
-            from rich.console import Console
-
-            self.console: Any = Console(stderr=False)
-        except ImportError:  # pragma: no cover
-            self.console = None
+        self.progress = Progress(desc, total_steps, unit="step", stream=sys.stdout)
+        self._first = True
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         vals = _scalars(metrics)
-        shown = [f"{k}={vals[k]:.4g}" for k in self.keys if k in vals]
-        extra = [f"{k}={v:.4g}" for k, v in vals.items() if k.startswith("eval/")]
+        if "planned_steps" in vals:  # a time-budgeted stage learns its step count after calibrating
+            self.total = int(vals["planned_steps"])
+            self.progress.set_total(self.total)
+        shown = {k: vals[k] for k in self.keys if k in vals}
+        evals = {k: v for k, v in vals.items() if k.startswith("eval/")}
+        bar = self.progress
+        first, self._first = self._first, False
+        if first:  # a resumed run starts mid-way: the ETA counts the steps run in this process
+            bar.start = bar.n = step - 1
         head = f"step {step}" + (f"/{self.total}" if self.total else "")
-        line = f"{head}  " + "  ".join(shown + extra)
-        if self.console is not None:
-            self.console.print(f"[bold cyan]{head}[/]  " + "  ".join(shown + extra), highlight=False)
-        else:
-            print(line, file=sys.stdout, flush=True)
+        text = "  ".join(f"{k}={v:.4g}" for k, v in {**shown, **evals}.items())
+        brief = {k: shown[k] for k in ("loss", "reward_mean", "win_rate") if k in shown}
+        if bar.mode == "bar":
+            bar.console.print(f"[bold cyan]{head}[/]  {text}", highlight=False)
+            bar.update(step - bar.n, **brief)
+        elif bar.mode == "lines":
+            last = self.total is not None and step >= self.total
+            bar.n, bar.metrics = step, brief
+            if first or last or evals or time.monotonic() - bar._last_line >= bar.every_s:
+                eta = bar.eta_s()
+                bar._last_line = time.monotonic()
+                print(f"{head}  {text}" + (f"  eta {format_seconds(eta)}" if eta is not None and not last else ""),
+                      file=sys.stdout, flush=True)
 
     def close(self) -> None:
-        pass
+        if self.progress.mode == "bar":
+            self.progress.close()
+        self.progress.closed = True
 
 
 class WandbLogger:
@@ -163,7 +182,7 @@ def make_logger(spec: str, run_dir: Path, config: dict[str, Any], total_steps: i
     loggers: list[Any] = [JsonlLogger(run_dir / "metrics.jsonl")]
     for name in logger_names(spec):
         if name in ("rich", "print"):
-            loggers.append(RichLogger(total_steps))
+            loggers.append(RichLogger(total_steps, desc=run_dir.name or "train"))
         elif name == "wandb":
             loggers.append(WandbLogger(run_dir, config))
         elif name == "tensorboard":

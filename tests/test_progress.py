@@ -1,0 +1,69 @@
+"""Progress of long work: a bar on a terminal, quiet lines with an ETA elsewhere (ludic.progress)."""
+
+import io
+import time
+
+import pytest
+from ludic.progress import Progress, format_seconds, progress_mode, track
+from ludic.training.loggers import RichLogger
+
+
+def test_lines_mode_is_quiet_and_ends_with_a_full_count(monkeypatch):
+    out = io.StringIO()
+    with Progress("datagen", 100, unit="episode", stream=out, every_s=3600) as bar:
+        for _ in range(100):
+            bar.update(1, kept=3)
+    lines = out.getvalue().splitlines()
+    assert lines == [lines[0], lines[-1]] and lines[0].startswith("[datagen] 0/100 (0%)")  # start and end only
+    assert lines[-1].startswith("[datagen] 100/100 (100%)") and "kept=3" in lines[-1] and "eta" not in lines[-1]
+
+
+def test_lines_mode_shows_an_eta_while_running():
+    out = io.StringIO()
+    bar = Progress("sft", 10, stream=out, every_s=0.0)
+    time.sleep(0.02)
+    bar.update(2, loss=0.5)
+    assert "eta 0:00" in out.getvalue().splitlines()[-1] and "loss=0.5" in out.getvalue()
+    assert bar.eta_s() == pytest.approx((time.monotonic() - bar.t0) / 2 * 8, rel=0.2)
+    bar.close()
+    assert format_seconds(3725) == "1:02:05" and format_seconds(65) == "1:05"
+
+
+def test_mode_from_the_environment(monkeypatch):
+    monkeypatch.setenv("LUDIC_PROGRESS", "off")
+    out = io.StringIO()
+    assert list(track(range(3), "x", stream=out)) == [0, 1, 2] and out.getvalue() == ""
+    monkeypatch.setenv("LUDIC_PROGRESS", "loud")
+    with pytest.raises(ValueError, match="LUDIC_PROGRESS='loud'"):
+        progress_mode()
+    monkeypatch.delenv("LUDIC_PROGRESS")
+    assert progress_mode(io.StringIO()) == "lines"  # not a terminal
+
+
+def test_bar_mode_renders_count_eta_and_metric():
+    out = io.StringIO()
+    with Progress("eval", 3, stream=out, mode="bar") as bar:
+        for _ in range(3):
+            bar.update(1, win_rate=0.25)
+    text = out.getvalue()
+    assert "eval" in text and "3/3" in text and "eta" in text and "win_rate=0.25" in text
+
+
+def test_training_logger_lines_off_a_terminal(capsys, monkeypatch):
+    monkeypatch.setenv("LUDIC_PROGRESS_EVERY", "3600")
+    lg = RichLogger(total_steps=20, desc="rl")
+    for step in range(1, 21):
+        lg.log(step, {"loss": 1.0 / step, **({"eval/win_rate": 0.5} if step == 10 else {})})
+    lg.close()
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("step")]
+    assert [x.split()[1] for x in lines] == ["1/20", "10/20", "20/20"]  # first, eval, last
+    assert "eta" in lines[0] and "eval/win_rate=0.5" in lines[1] and "eta" not in lines[2]
+
+
+def test_training_logger_takes_a_planned_step_count(capsys, monkeypatch):
+    monkeypatch.setenv("LUDIC_PROGRESS_EVERY", "0")
+    lg = RichLogger(total_steps=None, desc="sft")
+    lg.log(1, {"loss": 1.0})
+    lg.log(2, {"planned_steps": 8})
+    lg.log(3, {"loss": 0.5})
+    assert capsys.readouterr().out.splitlines()[-1].startswith("step 3/8") and lg.progress.total == 8
