@@ -1,7 +1,7 @@
 """Worker for tests/test_fsdp.py: SFT (full fine-tuning) or GRPO (LoRA) steps on pre-built SAW items,
 in one process or under torchrun with the model sharded by FSDP2 (``shard_model``).
 
-    python tests/fsdp_worker.py MODE ITEMS.json MODEL_DIR OUT_DIR
+    python tests/fsdp_worker.py MODE ITEMS.json MODEL_DIR OUT_DIR [RESUME_AFTER]
 
 MODE is sft or grpo. ITEMS.json holds, per optimizer step, one list of item dicts per rank; one process
 trains on all of them, rank r of a torchrun group on list r only. Rank 0 writes OUT_DIR/trained.safetensors
@@ -36,21 +36,34 @@ class Capture:
         return {"version": version}
 
 
-def main(mode, items_path, model_dir, out_dir):
-    rank, world = init_distributed()
-    out = Path(out_dir)
-    steps = json.loads(open(items_path).read())
+def build(mode, model_dir, steps, rank, world, out, capture, seed=0):
     lora = LoraSettings(rank=4, alpha=8) if mode == "grpo" else None
-    model, tok = load_policy(model_dir, lora=lora, dtype="float32", seed=0)
+    model, tok = load_policy(model_dir, lora=lora, dtype="float32", seed=seed)
     if world > 1:
         model = shard_model(model, mixed_precision="none")
         assert is_sharded(model)
-    capture = Capture()
     trainer = Trainer(model, make_algorithm(mode), ShardSource(steps, rank, world),
                       TrainerConfig(lr=1e-2 if lora else 1e-3, micro_token_budget=64, max_grad_norm=1.0),
                       publisher=GatheringPublisher(capture), checkpoint_dir=out / "ckpt", tokenizer=tok,
                       pad_token_id=tok.pad_token_id)
+    return model, trainer
+
+
+def main(mode, items_path, model_dir, out_dir, resume_after=None):
+    """``resume_after`` k: train k steps and checkpoint, then a fresh model (other random LoRA init)
+    and trainer resume from that checkpoint and train the rest, as after a crash."""
+    rank, world = init_distributed()
+    out = Path(out_dir)
+    steps = json.loads(open(items_path).read())
+    capture = Capture()
+    model, trainer = build(mode, model_dir, steps, rank, world, out, capture)
     metrics = []
+    if resume_after is not None:
+        asyncio.run(trainer.train(int(resume_after), lambda step, m: metrics.append(m)))
+        trainer.save()
+        model, trainer = build(mode, model_dir, steps, rank, world, out, capture, seed=1)
+        assert trainer.resume() and trainer.step == int(resume_after)
+        trainer.source.i = trainer.step
     asyncio.run(trainer.train(len(steps), lambda step, m: metrics.append(m)))
     trainer.save()
     sd = full_state_dict(model) if is_sharded(model) else model.state_dict()
@@ -63,4 +76,4 @@ def main(mode, items_path, model_dir, out_dir):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:6])

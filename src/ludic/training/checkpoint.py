@@ -156,10 +156,15 @@ def load_checkpoint(
     if not (path / "trainer_state.json").exists():
         raise FileNotFoundError(f"{path} is not a Ludic checkpoint (no trainer_state.json)")
     state = json.loads((path / "trainer_state.json").read_text())
-    load_model_weights(model, path / "model")
+    from ludic.training.fsdp import is_sharded, load_full_state
+
+    if is_sharded(model):  # FSDP2: every rank loads the full tensors and keeps its shards
+        load_full_state(model, path, optimizer)
+    else:
+        load_model_weights(model, path / "model")
+        if optimizer is not None and (path / "optimizer.pt").exists():
+            optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     _load_value_head(model, path)
-    if optimizer is not None and (path / "optimizer.pt").exists():
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
     if scheduler is not None and (path / "scheduler.pt").exists():
         scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     if restore_rng and (path / "rng.json").exists():

@@ -107,6 +107,39 @@ def full_state_dict(model: Any, *, merge_lora: bool = False) -> dict[str, torch.
     return out
 
 
+def load_full_state(model: Any, folder: str | Any, optimizer: Any | None = None) -> None:
+    """Load a checkpoint written by ``Trainer.save`` (full tensors: ``model/`` as ``save_pretrained``
+    wrote it, ``optimizer.pt`` as ``get_optimizer_state_dict(full_state_dict=True)`` gave it) into a
+    sharded model and its optimizer. Collective: every rank reads the files and keeps its own shards.
+    The same checkpoint loads into a single process with ``load_checkpoint`` (the formats are equal)."""
+    import re
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    folder = Path(folder)
+    mdir = folder / "model"
+    keys = set(model.state_dict().keys())
+    if hasattr(model, "peft_config"):  # the adapter file drops the adapter's name from its keys
+        name = getattr(model, "active_adapter", "default")
+        raw = load_file(str(mdir / "adapter_model.safetensors"))
+        sd = {re.sub(r"\.(lora_[A-Za-z_]+)\.(weight|bias)$", rf".\1.{name}.\2", k): v for k, v in raw.items()}
+    else:
+        files = sorted(mdir.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{mdir}: no safetensors weights")
+        sd = {k: v for f in files for k, v in load_file(str(f)).items()}
+    unknown = sorted(set(sd) - keys)
+    if unknown:
+        raise RuntimeError(f"{mdir}: weights not in the model: {unknown[:5]}")
+    set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True, strict=False))
+    if optimizer is not None and (folder / "optimizer.pt").exists():
+        osd = torch.load(folder / "optimizer.pt", weights_only=True)
+        set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True))
+
+
 class GatheringPublisher:
     """Publishes a sharded model: every rank joins the gather, rank 0 pushes the merged full weights.
 

@@ -530,10 +530,6 @@ class Trainer:
             path = latest_checkpoint(self.checkpoint_dir)
             if path is None:
                 return False
-        if is_sharded(self.model):
-            raise NotImplementedError(
-                f"resuming a sharded (FSDP2) trainer from {path} is not supported yet: load the checkpoint "
-                "into the model with load_checkpoint before shard_model")
         state = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         self.step = int(state["step"])
         self.policy_version = int(state.get("policy_version", self.step))
