@@ -224,7 +224,12 @@ class TrainQAConfig:
     full_finetune: bool = False
     kl_coef: float = 0.0
     inference: str = "transformers"
-    """transformers (in process) | vllm (a server started for the run)."""
+    """transformers (in process) | vllm (a server started for the run, or the one at --port)."""
+    port: int = 0
+    """With --inference vllm: a running Ludic vLLM server on this port (0: start one for the run)."""
+    host: str = "127.0.0.1"
+    fsdp_mixed_precision: str = "auto"
+    """Under torchrun (FSDP2): auto (bf16 on CUDA with bf16, else float32) | bf16 | none."""
     run_dir: str | None = None
     logger: str = "rich"
     resume: bool = True
@@ -238,6 +243,7 @@ def train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
 
 async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
     from ludic.config import dump_config
+    from ludic.distributed import broadcast_object, init_distributed, shutdown_distributed
     from ludic.envs.qa import load_qa_records
     from ludic.inference.client import SamplingParams
     from ludic.interaction import SingleAgentProtocol
@@ -249,18 +255,26 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
     from ludic.training.algorithms import algorithm_for
     from ludic.training.loggers import logger_names, make_logger
     from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.fsdp import shard_model
     from ludic.training.trainer import Trainer
 
     logger_names(cfg.logger)
+    rank, world = init_distributed()  # under torchrun: FSDP2, each rank rolls out its share of the prompts
+    if cfg.prompts_per_step % world:
+        raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
     records = load_qa_records(cfg.qa.data, cfg.split, cfg.qa.question_key, cfg.qa.answer_key)
     held_out = (load_qa_records(cfg.qa.data, cfg.eval_split, cfg.qa.question_key, cfg.qa.answer_key,
-                                cfg.eval_limit) if cfg.eval_limit else [])
-    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir("qa")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    dump_config(cfg, run_dir / "config.json")
+                                cfg.eval_limit) if cfg.eval_limit and rank == 0 else [])
+    run_dir = Path(broadcast_object(cfg.run_dir or str(default_run_dir("qa"))))
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(cfg, run_dir / "config.json")
     lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
     model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
-    inf = await make_inference(cfg.inference, model, tok, cfg.model, run_dir, dtype=cfg.dtype)
+    if world > 1:
+        model = shard_model(model, mixed_precision=cfg.fsdp_mixed_precision)
+    inf = await make_inference(cfg.inference, model, tok, cfg.model, run_dir, host=cfg.host, port=cfg.port,
+                               dtype=cfg.dtype)
     sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.qa.max_completion_tokens)
     results: dict[str, Any] = {}
 
@@ -276,20 +290,22 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
     random.Random(cfg.seed).shuffle(order)
     cursor = 0
 
+    share = cfg.prompts_per_step // world
+
     def requests_fn() -> list[Any]:
         nonlocal cursor
-        picked = [records[order[(cursor + i) % len(order)]] for i in range(cfg.prompts_per_step)]
+        picked = [records[order[(cursor + rank * share + i) % len(order)]] for i in range(share)]
         cursor += cfg.prompts_per_step
         return qa_requests(cfg.qa, picked)
 
     algo = algorithm_for(cfg)
     source = RolloutBatchSource(
         RolloutEngine({"single_agent": lambda: SingleAgentProtocol(make_qa_agent(inf.client, cfg.qa, sampling))},
-                      concurrency=64, jsonl_path=run_dir / "rollouts.jsonl"),
+                      concurrency=64, jsonl_path=run_dir / ("rollouts.jsonl" if rank == 0 else f"rollouts.rank{rank}.jsonl")),
         requests_fn, algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed),
         sample_filter=algo.sample_filter, metrics_fn=reward_metrics,
     )
-    logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
+    logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps) if rank == 0 else None
     trainer = Trainer(
         model, algo, source,
         replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
@@ -308,8 +324,11 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
         await evaluate("after")
         if "before" in results and "after" in results:
             results["accuracy_gain"] = results["after"]["accuracy"] - results["before"]["accuracy"]
-        (run_dir / "qa_results.json").write_text(json.dumps(results, indent=2))
+        if rank == 0:
+            (run_dir / "qa_results.json").write_text(json.dumps(results, indent=2))
     finally:
-        logger.close()  # writes report.html, with the results above
+        if logger is not None:
+            logger.close()  # writes report.html, with the results above
         await inf.close()
+        shutdown_distributed()
     return {**results, "run_dir": str(run_dir), "steps": trainer.step}

@@ -151,12 +151,17 @@ class GatheringPublisher:
         self.inner = inner
 
     def publish(self, model: Any, version: int, *, force: bool = False) -> dict[str, Any]:
+        """Collective. Every rank returns rank 0's result, and only once the push is done: a rank that
+        samples its next rollouts from the server must not get there before the new weights do."""
+        from ludic.distributed import broadcast_object
+
         sd = full_state_dict(model, merge_lora=True) if is_sharded(model) else model
-        if not is_rank0():
-            return {}
-        if is_sharded(model) and getattr(getattr(model, "config", None), "tie_word_embeddings", False):
-            sd = {k: v for k, v in sd.items() if not k.endswith("lm_head.weight")}  # the server ties it itself
-        return self.inner.publish(sd, version, force=force) or {}
+        result = None
+        if is_rank0():
+            if is_sharded(model) and getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+                sd = {k: v for k, v in sd.items() if not k.endswith("lm_head.weight")}  # the server ties it itself
+            result = self.inner.publish(sd, version, force=force) or {}
+        return broadcast_object(result)
 
     def server_version(self) -> int | None:
         return self.inner.server_version() if hasattr(self.inner, "server_version") else None
