@@ -142,3 +142,36 @@ def test_train_and_eval_read_answers_the_same_way(tmp_path, packaged_dir):
     assert len(shared) >= 3, (sorted(train), sorted(evals))
     for reply in shared:
         assert train[reply] == evals[reply], reply
+
+
+def test_tool_demos_are_teacher_transcripts_through_the_real_agent(tokenizer):
+    """--tool-demos: a calculator call on the record's expression, then the result, rendered by the real
+    ToolAgent and chat template; the second turn's prompt holds the first turn and the tool's message."""
+    import asyncio
+
+    from ludic.recipes.qa import QAOptions, tool_demo_items
+
+    recs = arithmetic_problems("train")[:3]
+    items = asyncio.run(tool_demo_items(QAOptions(tools=True, max_completion_tokens=40), recs, tokenizer))
+    assert len(items) == 6
+    call, answer = items[0], items[1]
+    text = tokenizer.decode(call.completion_ids)
+    assert text == f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{recs[0]["expression"]}"}}}}</tool_call>' + tokenizer.eos_token
+    assert tokenizer.decode(answer.completion_ids) == recs[0]["answer"] + tokenizer.eos_token
+    assert answer.prompt_ids[: len(call.prompt_ids) + len(call.completion_ids)] == call.prompt_ids + call.completion_ids
+    assert f"tool\n{recs[0]['answer']}" in tokenizer.decode(answer.prompt_ids)  # the tool's result, as a tool message
+    with pytest.raises(ValueError, match="expression"):
+        asyncio.run(tool_demo_items(QAOptions(tools=True), [{"id": "x", "question": "q", "answer": "1"}], tokenizer))
+
+
+def test_train_qa_with_tool_demos_reports_each_stage(tiny_model_dir, tmp_path):
+    from ludic.recipes.qa import QAOptions, TrainQAConfig, train_qa
+
+    run = tmp_path / "run"
+    out = train_qa(TrainQAConfig(model=str(tiny_model_dir), qa=QAOptions(tools=True, max_completion_tokens=8),
+                                 tool_demos=2, train_steps=1, eval_limit=2, group_size=2, prompts_per_step=2,
+                                 run_dir=str(run), logger="none", dtype="float32"))
+    assert set(out) >= {"before", "after_demos", "after"} and (run / "eval_after_demos.jsonl").exists()
+    with pytest.raises(ValueError, match="add --tools"):
+        train_qa(TrainQAConfig(model=str(tiny_model_dir), tool_demos=1, train_steps=1, eval_limit=0,
+                               run_dir=str(tmp_path / "r2"), logger="none"))

@@ -89,3 +89,30 @@ class ChatClient(Protocol):
     def tokenizer(self) -> Any | None: ...
 
     async def complete(self, request: ChatRequest) -> ChatResponse: ...
+
+
+class FunctionClient:
+    """A ``ChatClient`` whose replies come from a Python function of the conversation: a teacher that
+    writes demonstrations through the same agent, protocol and chat template the model will use, so
+    the recorded token traces are exactly the prompts the model sees (``ludic train qa --tool-demos``).
+
+    ``reply(messages)`` returns the text; the completion ids are its tokens plus the end-of-turn token.
+    Log-probs are 0 and policy versions -1 (offline data, not a sample of any policy).
+    """
+
+    def __init__(self, tokenizer: Any, reply: Any) -> None:
+        self._tokenizer = tokenizer
+        self.reply = reply
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        from ludic.tokenization import encode, render_ids
+
+        text = self.reply(request.messages)
+        prompt = tuple(request.prompt_ids) if request.prompt_ids is not None else tuple(render_ids(self._tokenizer, request.messages))
+        ids = tuple(encode(self._tokenizer, text)) + (self._tokenizer.eos_token_id,)  # the end of the turn
+        trace = TokenTrace(prompt, ids, (0.0,) * len(ids), (-1,) * len(ids), FinishReason.STOP)
+        return ChatResponse(text=text, trace=trace, info={"backend": "function"})

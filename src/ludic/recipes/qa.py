@@ -83,6 +83,38 @@ def qa_requests(opts: QAOptions, records: Sequence[dict], **kw: Any) -> list[Any
                            max_steps=steps, meta={"record_id": r["id"]}, **kw) for r in records]
 
 
+async def tool_demo_items(opts: QAOptions, records: Sequence[dict], tokenizer: Any) -> list[Any]:
+    """SFT items from a teacher playing the tool agent on ``records`` (each needs ``expression``): it calls
+    the calculator on the expression, then answers with the tool's result. The transcripts go through the
+    real ToolAgent, protocol and chat template, so the trained tokens are those the model will produce;
+    only episodes the grader marks correct are kept."""
+    from ludic.inference.client import FunctionClient, SamplingParams
+    from ludic.interaction import SingleAgentProtocol
+    from ludic.rollouts.engine import RolloutEngine
+    from ludic.types import SAWItem
+
+    missing = [r["id"] for r in records if not r.get("expression")]
+    if missing:
+        raise ValueError(f"--tool-demos needs an 'expression' per record; {len(missing)} lack one, e.g. {missing[0]!r}")
+    template = opts.question_template()
+    expressions = {template.format(question=r["question"]): r["expression"] for r in records}
+
+    def teacher(messages: list[dict]) -> str:
+        last = messages[-1]
+        if last["role"] == "tool":
+            return last["content"]
+        call = {"name": "calculator", "arguments": {"expression": expressions[last["content"]]}}
+        return f"<tool_call>{json.dumps(call)}</tool_call>"
+
+    client = FunctionClient(tokenizer, teacher)
+    engine = RolloutEngine({"single_agent": lambda: SingleAgentProtocol(
+        make_qa_agent(client, opts, SamplingParams(temperature=0.0, max_tokens=opts.max_completion_tokens)))})
+    rollouts = await engine.generate_rollouts(qa_requests(opts, records), progress="tool demos")
+    return [SAWItem(prompt_ids=s.trace.prompt_ids, completion_ids=s.trace.completion_ids, weight=1.0,
+                    meta={"record_id": r.meta.get("record_id")})
+            for r in rollouts if r.steps and r.steps[-1].info.get("correct") for s in r.steps if s.trace is not None]
+
+
 def _outcome(r: Rollout) -> dict[str, Any]:
     last = r.steps[-1] if r.steps else None
     info = last.info if last is not None else {}
@@ -228,6 +260,10 @@ class TrainQAConfig:
     port: int = 0
     """With --inference vllm: a running Ludic vLLM server on this port (0: start one for the run)."""
     host: str = "127.0.0.1"
+    tool_demos: int = 0
+    """With --tools: first this many SFT steps on teacher transcripts (a calculator call on the record's
+    expression, then the result as the answer), written through the same agent and template; 0: none."""
+    tool_demo_lr: float = 5e-4
     fsdp_mixed_precision: str = "auto"
     """Under torchrun (FSDP2): auto (bf16 on CUDA with bf16, else float32) | bf16 | none."""
     run_dir: str | None = None
@@ -235,6 +271,22 @@ class TrainQAConfig:
     resume: bool = True
     dtype: str = "auto"
     seed: int = 0
+
+
+async def run_tool_demos(cfg: "TrainQAConfig", model: Any, tok: Any, records: Sequence[dict], publisher: Any) -> None:
+    """The SFT cold start of ``--tool-demos``: teacher transcripts on the training records, uniform NLL on
+    the teacher's tokens, ``cfg.tool_demos`` steps of ``prompts_per_step`` x group_size items."""
+    from ludic.data.offline import OfflineBatchSource
+    from ludic.training.algorithms import make_sft
+    from ludic.training.trainer import Trainer
+
+    items = await tool_demo_items(cfg.qa, records[: max(64, cfg.tool_demos * cfg.prompts_per_step)], tok)
+    batch = cfg.prompts_per_step * 2  # a tool call and an answer per record
+    sft = Trainer(model, make_sft(), OfflineBatchSource(items, batch, seed=cfg.seed),
+                  replace(cfg.trainer, lr=cfg.tool_demo_lr, total_steps=cfg.tool_demos, lr_schedule="cosine"),
+                  publisher=publisher, tokenizer=tok, pad_token_id=tok.pad_token_id)
+    print(f"[qa] tool demos: {len(items)} teacher turns, {cfg.tool_demos} SFT steps", flush=True)
+    await sft.train(cfg.tool_demos)
 
 
 def train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
@@ -259,6 +311,8 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
     from ludic.training.trainer import Trainer
 
     logger_names(cfg.logger)
+    if cfg.tool_demos and not cfg.qa.tools:
+        raise ValueError("--tool-demos teaches the calculator tool: add --tools")
     rank, world = init_distributed()  # under torchrun: FSDP2, each rank rolls out its share of the prompts
     if cfg.prompts_per_step % world:
         raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
@@ -319,6 +373,9 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
         cursor = trainer.step * cfg.prompts_per_step  # a resumed run continues through the data
         if trainer.step == 0:
             await evaluate("before")
+            if cfg.tool_demos:
+                await run_tool_demos(cfg, model, tok, records, inf.publisher)
+                await evaluate("after_demos")
         await trainer.train(cfg.train_steps)
         trainer.save()
         await evaluate("after")
