@@ -21,7 +21,9 @@ WORKER = str(Path(__file__).with_name("fsdp_worker.py"))
 
 def _run(cmd, **env):
     out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
-    assert out.returncode == 0, out.stderr[-4000:]
+    if out.returncode != 0:  # the failing rank's own error comes before torchrun's summary
+        errors = [line for line in out.stderr.splitlines() if "Error" in line or "error" in line or "terminate" in line]
+        raise AssertionError("\n".join(errors[:20]) + "\n" + out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -114,3 +116,30 @@ def test_fsdp2_resume_continues_like_an_uninterrupted_run(tiny_model_dir, tmp_pa
     assert a.keys() == b.keys() and a
     for k in a:
         assert (a[k].float() - b[k].float()).abs().max() < 5e-4, k
+
+
+def test_ludic_sft_under_torchrun_shards_and_matches_one_process(tiny_model_dir, tmp_path):
+    """`ludic sft` under torchrun shards the model (FSDP2) and ends at one process's weights on the same
+    global batches (2 ranks x batch 2 against 1 rank x batch 4), with a final folder a plain load reads."""
+    rows = [{"prompt": p, "completion": c} for p, c in [("2+2=", " 4"), ("Capital of France:", " Paris"),
+                                                        ("Sky:", " blue"), ("1, 2, 3,", " 4, 5"), ("Hi", " there"),
+                                                        ("Ludic", " trains"), ("a b", " c d"), ("x", " y")]]
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = ["--model", str(tiny_model_dir), "--data", str(data), "--epochs", "1", "--dtype", "float32",
+              "--no-chat-template", "--lr", "1e-3", "--logger", "none", "--lr-schedule", "constant"]
+    subprocess.run([sys.executable, "-m", "ludic", "sft", *common, "--batch-size", "4", "--run-dir", str(tmp_path / "one")],
+                   check=True, capture_output=True, timeout=300)
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+                          "ludic", "sft", *common, "--batch-size", "2", "--run-dir", str(tmp_path / "two")],
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert two.returncode == 0, two.stderr[-3000:]
+    a = load_file(str(tmp_path / "one" / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / "two" / "final" / "model.safetensors"))
+    assert a.keys() == b.keys()
+    changed = 0
+    for k in a:
+        assert (a[k].float() - b[k].float()).abs().max() < 5e-4, k
+    base = load_file(str(next(Path(tiny_model_dir).glob("*.safetensors"))))
+    changed = sum(not bool((base[k].float() == a[k].float()).all()) for k in a if k in base)
+    assert changed > 0  # it trained

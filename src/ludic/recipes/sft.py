@@ -41,6 +41,9 @@ class SFTConfig:
     max_steps: int = 0
     """Stop after this many steps (0: epochs decide)."""
     dtype: str = "auto"
+    fsdp: bool = True
+    """Under torchrun: shard the model with FSDP2 (fully_shard); False replicates it and sums gradients."""
+    fsdp_mixed_precision: str = "auto"
     final_save: bool = True
     run_dir: str | None = None
     logs_dir: str | None = None
@@ -68,6 +71,10 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
     run_dir = Path(broadcast_object(str(cfg.run_dir or default_run_dir("sft"))))
     lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
     model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    if world > 1 and cfg.fsdp:
+        from ludic.training.fsdp import shard_model
+
+        model = shard_model(model, mixed_precision=cfg.fsdp_mixed_precision)
     items = load_sft_items([p.strip() for p in cfg.data.split(",") if p.strip()], tok, cfg.chat_template)
     steps = math.ceil(cfg.epochs * len(items) / (cfg.batch_size * world))
     if cfg.max_steps:
@@ -112,9 +119,13 @@ async def sft_stage(
                               "train_tokens_per_s": metrics["train_tokens_per_s"], "step_s": metrics["step_s"]})
 
     await trainer.train(steps, on_step)
-    if cfg.final_save and rank == 0:
-        trainer.save()
-        final = run_dir / "final"
-        model.save_pretrained(final)
-        tok.save_pretrained(final)
+    if cfg.final_save:
+        from ludic.training.fsdp import full_state_dict, is_sharded
+
+        trainer.save()  # collective when sharded: every rank joins the gather
+        state = full_state_dict(model) if is_sharded(model) else None
+        if rank == 0:
+            final = run_dir / "final"
+            model.save_pretrained(final, **({"state_dict": state} if state is not None else {}))
+            tok.save_pretrained(final)
     return last

@@ -87,6 +87,7 @@ def is_sharded(model: Any) -> bool:
 
 def full_state_dict(model: Any, *, merge_lora: bool = False) -> dict[str, torch.Tensor]:
     """The full (unsharded) state dict on rank 0, ``{}`` on the other ranks. Collective: call on every rank.
+    A head tied to the embeddings is left out, as ``save_pretrained`` and inference servers expect.
 
     ``merge_lora`` folds each LoRA pair into its base weight (``W + scale * B @ A``) and drops
     the adapter tensors, giving the plain base-model weights an inference server loads.
@@ -94,8 +95,12 @@ def full_state_dict(model: Any, *, merge_lora: bool = False) -> dict[str, torch.
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if not is_rank0() or not merge_lora:
-        return sd if is_rank0() else {}
+    if not is_rank0():
+        return {}
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False):  # the embeddings are the head
+        sd = {k: v for k, v in sd.items() if not k.endswith("lm_head.weight")}
+    if not merge_lora:
+        return sd
     scales = {name: module.scaling for name, module in model.named_modules() if hasattr(module, "lora_A")}
     out = {k: v for k, v in sd.items() if "lora_" not in k}
     for prefix, scaling in scales.items():
@@ -158,8 +163,6 @@ class GatheringPublisher:
         sd = full_state_dict(model, merge_lora=True) if is_sharded(model) else model
         result = None
         if is_rank0():
-            if is_sharded(model) and getattr(getattr(model, "config", None), "tie_word_embeddings", False):
-                sd = {k: v for k, v in sd.items() if not k.endswith("lm_head.weight")}  # the server ties it itself
             result = self.inner.publish(sd, version, force=force) or {}
         return broadcast_object(result)
 
