@@ -31,7 +31,7 @@ CURVES = (
 )
 """Plotted first, in this order; other varying numeric series follow."""
 SKIP = {"step", "time"}
-RESULT_FILES = ("report.json", "qa_results.json", "summary.json")
+RESULT_FILES = ("report.json", "qa_results.json", "tinker_results.json", "summary.json")
 MAX_TRAJECTORIES = 6
 
 
@@ -115,6 +115,29 @@ def _fmt(v: Any) -> str:
     return s if len(s) <= 160 else s[:157] + "..."
 
 
+KEY_RESULTS = ("non_loss", "accuracy", "win_rate", "pass@", "score", "value_preserving", "legal")
+"""Result rows shown first (a substring of the row's name), in this order."""
+
+
+def _stage_columns(data: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(stages, rest) when the results are per stage ({"before": {...}, "after": {...}} or the recipe's
+    {"results": {"base": ..., "sft": ..., "rl": ...}}): a table with one column per stage reads better."""
+    if not isinstance(data, dict):
+        return None
+    for key in ("results", None):
+        node = data.get(key) if key else data
+        if isinstance(node, dict) and len(node) >= 2:
+            stages = {k: v for k, v in node.items() if isinstance(v, dict)}
+            if len(stages) >= 2:
+                rest = {k: v for k, v in data.items() if k != key} if key else {k: v for k, v in node.items() if k not in stages}
+                return stages, rest
+    return None
+
+
+def _rank(name: str) -> tuple[int, str]:
+    return next((i for i, k in enumerate(KEY_RESULTS) if k in name), len(KEY_RESULTS)), name
+
+
 def result_tables(run_dir: Path) -> str:
     parts = []
     for name in RESULT_FILES:
@@ -126,9 +149,22 @@ def result_tables(run_dir: Path) -> str:
         except (OSError, ValueError) as e:
             parts.append(f"<h3>{name}</h3><p class='err'>unreadable: {html.escape(str(e))}</p>")
             continue
+        split = _stage_columns(data)
+        if split is not None:
+            stages, data = split
+            cells: dict[str, dict[str, Any]] = {}
+            for stage, values in stages.items():
+                for k, v in _flatten(values):
+                    cells.setdefault(k, {})[stage] = v
+            head = "<tr><th></th>" + "".join(f"<th>{html.escape(s)}</th>" for s in stages) + "</tr>"
+            body = "".join(f"<tr><td>{html.escape(k)}</td>" + "".join(
+                f"<td>{html.escape(_fmt(cells[k].get(s, '')))}</td>" for s in stages) + "</tr>"
+                for k in sorted(cells, key=_rank))
+            parts.append(f"<h3>{name}</h3><table class='res stages'>{head}{body}</table>")
         rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(_fmt(v))}</td></tr>"
                        for k, v in _flatten(data) if k != "config")
-        parts.append(f"<h3>{name}</h3><table class='res'>{rows}</table>")
+        if rows:
+            parts.append(f"{'' if split else f'<h3>{name}</h3>'}<table class='res'>{rows}</table>")
     return "".join(parts) or "<p>No evaluation results in this run directory.</p>"
 
 
@@ -164,8 +200,28 @@ def _step_html(step: dict, tok: Any) -> str:
     return f'<div class="turn">{head}{text}{body}</div>'
 
 
+def stage_dirs(run_dir: Path) -> list[Path]:
+    """Sub-runs of a multi-stage run (the recipe's sft/ and rl/): folders with their own metrics.jsonl."""
+    dirs = [d for d in run_dir.iterdir() if d.is_dir() and (d / "metrics.jsonl").exists()]
+    return sorted(dirs, key=lambda d: ((d / "metrics.jsonl").stat().st_mtime, d.name))  # in the order they ran
+
+
+def stages_html(run_dir: Path) -> str:
+    """Each stage's learning curves, with a link to its own page."""
+    parts = []
+    for d in stage_dirs(run_dir):
+        rows = _read_jsonl(d / "metrics.jsonl")
+        plots = "".join(svg_plot(f"{d.name}/{k}", v) for k, v in series(rows).items())
+        parts.append(f"<h2>Stage {html.escape(d.name)}</h2><p>{len(rows)} rows in {html.escape(d.name)}/metrics.jsonl; "
+                     f"<a href='{html.escape(d.name)}/report.html'>its own page</a>.</p><div class='plots'>{plots}</div>")
+    return "".join(parts)
+
+
 def trajectories(run_dir: Path, tok: Any = None) -> str:
-    rows = _read_jsonl(run_dir / "rollouts.jsonl")
+    path = run_dir / "rollouts.jsonl"
+    if not path.exists():  # a multi-stage run: the last stage that sampled
+        path = next((d / "rollouts.jsonl" for d in reversed(stage_dirs(run_dir)) if (d / "rollouts.jsonl").exists()), path)
+    rows = _read_jsonl(path)
     if not rows:
         return "<p>No rollouts.jsonl in this run directory.</p>"
     picked = rows[:MAX_TRAJECTORIES // 2] + rows[-(MAX_TRAJECTORIES - MAX_TRAJECTORIES // 2):] \
@@ -191,7 +247,7 @@ h1{font-size:20px}h2{font-size:17px;border-bottom:1px solid #ddd;padding-bottom:
 .plot .title{font-size:12px;font-weight:600}.plot .ax{font-size:10px;fill:#666}
 .plot .frame{fill:none;stroke:#ddd}.plot .line{fill:none;stroke:#2a6fdb;stroke-width:1.5}
 .plot .pt{fill:#2a6fdb}table.res{border-collapse:collapse;font-size:13px}
-table.res td{border:1px solid #e3e3e3;padding:2px 8px}.traj{margin:8px 0;border:1px solid #ddd;padding:6px}
+table.res td,table.res th{border:1px solid #e3e3e3;padding:2px 8px}table.res th{background:#f3f3f3}.traj{margin:8px 0;border:1px solid #ddd;padding:6px}
 .turn{border-top:1px dashed #ccc;padding:6px 0}.turn-head{font-size:13px;margin-bottom:4px}
 .fields{display:flex;gap:12px;font-size:12px}.fields pre{white-space:pre-wrap;max-width:440px;margin:2px 0}
 .tokens{font-family:monospace;font-size:12px;white-space:pre-wrap;margin-top:4px;line-height:1.6}
@@ -221,15 +277,18 @@ def build_report(run_dir: str | Path, tokenizer: Any = None) -> Path:
     tok = tokenizer if tokenizer is not None else _tokenizer_for(run_dir)
     rows = _read_jsonl(run_dir / "metrics.jsonl")
     curves = series(rows)
-    plots = "".join(svg_plot(k, v) for k, v in curves.items()) or "<p>No metrics.jsonl rows yet.</p>"
+    stages = stages_html(run_dir)
+    plots = "".join(svg_plot(k, v) for k, v in curves.items()) or (
+        "<p>The curves are per stage, below.</p>" if stages else "<p>No metrics.jsonl rows yet.</p>")
     config = (run_dir / "config.json").read_text() if (run_dir / "config.json").exists() else "{}"
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         f"<title>Ludic run {html.escape(run_dir.name)}</title><style>{CSS}</style></head><body>"
         f"<h1>Ludic run <code>{html.escape(str(run_dir))}</code></h1>"
-        f"<p>{len(rows)} rows in metrics.jsonl; rebuild with <code>ludic report {html.escape(str(run_dir))}</code>.</p>"
+        f"<p>{len(rows)} rows in metrics.jsonl{'; stages: ' + ', '.join(d.name for d in stage_dirs(run_dir)) if stages else ''}; "
+        f"rebuild with <code>ludic report {html.escape(str(run_dir))}</code>.</p>"
         f"<h2>Learning curves</h2><div class='plots'>{plots}</div>"
-        f"<h2>Evaluation</h2>{result_tables(run_dir)}"
+        f"<h2>Evaluation</h2>{result_tables(run_dir)}{stages}"
         f"<h2>Sample trajectories</h2>{trajectories(run_dir, tok)}"
         f"<h2>Config</h2><details><summary>config.json</summary><pre>{html.escape(config)}</pre></details>"
         "</body></html>"

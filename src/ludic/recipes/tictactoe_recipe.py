@@ -273,7 +273,9 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
               "answer_tokens": answer_tokens, "curve": ev.curve, "machine": machine(), "config": asdict(cfg)}
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     write_report(run_dir, report)
-    print(f"[recipe] report: {run_dir / 'report.md'}", flush=True)
+    from ludic.report import build_report
+
+    print(f"[recipe] report: {run_dir / 'report.md'} and {build_report(run_dir)}", flush=True)
     return report
 
 
