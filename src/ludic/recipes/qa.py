@@ -282,9 +282,13 @@ async def run_tool_demos(cfg: "TrainQAConfig", model: Any, tok: Any, records: Se
 
     items = await tool_demo_items(cfg.qa, records[: max(64, cfg.tool_demos * cfg.prompts_per_step)], tok)
     batch = cfg.prompts_per_step * 2  # a tool call and an answer per record
+    from ludic.training.loggers import RichLogger, logger_names
+
+    console = (RichLogger(cfg.tool_demos, desc="tool demos")
+               if {"rich", "print"} & set(logger_names(cfg.logger)) else None)  # the steps on the console only
     sft = Trainer(model, make_sft(), OfflineBatchSource(items, batch, seed=cfg.seed),
                   replace(cfg.trainer, lr=cfg.tool_demo_lr, total_steps=cfg.tool_demos, lr_schedule="cosine"),
-                  publisher=publisher, tokenizer=tok, pad_token_id=tok.pad_token_id)
+                  publisher=publisher, logger=console, tokenizer=tok, pad_token_id=tok.pad_token_id)
     print(f"[qa] tool demos: {len(items)} teacher turns, {cfg.tool_demos} SFT steps", flush=True)
     await sft.train(cfg.tool_demos)
 
