@@ -51,23 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("need at least one training process (--gpus 2 or more, or --train-procs 1 or more)")
 
     env = dict(os.environ)
-    server_env = dict(env)
+    server = VLLMServerProcess(model, dtype=args.dtype, log_path=run_dir / "vllm_server.log", allowed_dirs=[run_dir])
     if args.gpus:
-        server_env["CUDA_VISIBLE_DEVICES"] = "0"
+        server.env["CUDA_VISIBLE_DEVICES"] = "0"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(1, args.gpus))
     else:
         env.setdefault("OMP_NUM_THREADS", "1")  # the trainers share the cores with the server
     print(f"[fsdp2] inference: 1 vLLM server ({'GPU 0' if args.gpus else 'CPU'}); training: {procs} FSDP2 "
           f"processes ({'NCCL' if args.gpus else 'gloo'}); run dir {run_dir}", flush=True)
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(server_env)  # VLLMServerProcess passes this process's environment on
-    try:
-        server = VLLMServerProcess(model, dtype=args.dtype, log_path=run_dir / "vllm_server.log",
-                                   allowed_dirs=[run_dir]).start()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    server.start()
     try:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}",
                f"--master_port={free_port()}", "-m", "ludic", "train", "qa", *DEFAULTS,

@@ -120,16 +120,24 @@ class Progress:
             parts.append(format_metrics(self.metrics))
         return "  ".join(parts)
 
-    def _line(self) -> None:
+    def due(self) -> bool:
+        """Whether the next line is due: ``every_s`` seconds since the last one."""
+        return time.monotonic() - self._last_line >= self.every_s
+
+    def write_line(self, text: str) -> None:
+        """Print one line to the stream and start the interval to the next afresh."""
         self._last_line = time.monotonic()
-        print(self.line(), file=self.stream, flush=True)
+        print(text, file=self.stream, flush=True)
+
+    def _line(self) -> None:
+        self.write_line(self.line())
 
     def update(self, n: int = 1, **metrics: Any) -> None:
         self.n += n
         self.metrics.update(metrics)
         if self.mode == "bar":
             self._bar.update(self._task, completed=self.n, metrics=format_metrics(self.metrics))
-        elif self.mode == "lines" and (time.monotonic() - self._last_line >= self.every_s):
+        elif self.mode == "lines" and self.due():
             self._line()
 
     def set_total(self, total: int) -> None:

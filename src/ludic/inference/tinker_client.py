@@ -66,10 +66,9 @@ class TinkerChatClient:
         self.sampler, self.version = sampler, version
 
     def prompt_ids(self, request: ChatRequest) -> list[int]:
-        if request.prompt_ids is not None:
-            return list(request.prompt_ids)
-        ids = self._tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        from ludic.tokenization import render_ids
+
+        return list(request.prompt_ids) if request.prompt_ids is not None else render_ids(self._tokenizer, request.messages)
 
     async def complete(self, request: ChatRequest) -> ChatResponse:
         from tinker import types

@@ -54,14 +54,11 @@ async def make_inference(
     dtype: str = "auto",
 ) -> Inference:
     """Backend for a training run on ``model`` (which the trainer updates); ``model_name`` is what a
-    started vLLM server serves (the base weights under the LoRA). A model sharded by FSDP2 goes to
-    ``make_sharded_inference``."""
+    started vLLM server serves (the base weights under the LoRA)."""
     from ludic.training.fsdp import is_sharded
 
-    if is_sharded(model):
-        if kind != "vllm":
-            raise ValueError(f"a sharded (FSDP2) policy samples on a vLLM server: use --inference vllm, not {kind!r}")
-        return await make_sharded_inference(tokenizer, model_name, run_dir, host=host, port=port, dtype=dtype)
+    if is_sharded(model) and kind != "vllm":
+        raise ValueError(f"a sharded (FSDP2) policy samples on a vLLM server: use --inference vllm, not {kind!r}")
     if kind == "transformers":
         from ludic.inference.transformers_engine import TransformersEngine
 
@@ -90,56 +87,36 @@ async def make_vllm_training_inference(
     model: Any, tokenizer: Any, model_name: str, run_dir: Path, *, host: str = "127.0.0.1", port: int = 0,
     dtype: str = "auto",
 ) -> Any:
-    """Client + publisher for training on a vLLM server (started here when ``port`` is 0)."""
-    from ludic.inference.publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher
-    from ludic.inference.vllm_client import VLLMChatClient
-    from ludic.inference.vllm_launcher import VLLMServerProcess
+    """Client + publisher for training on a vLLM server (started here when ``port`` is 0).
 
-    peft = hasattr(model, "peft_config")
-    server = None
-    if not port:
-        rank = max(cfg.r for cfg in model.peft_config.values()) if peft else 16
-        server = VLLMServerProcess(
-            model_name, extra_args=["--enable-lora", "--max-lora-rank", str(max(rank, 8))],
-            log_path=run_dir / "vllm_server.log", dtype=dtype, allowed_dirs=[run_dir],
-        ).start()
-        url = server.url
-    else:
-        url = f"http://{host}:{port}"
-    client = VLLMChatClient(url, tokenizer=tokenizer)
-    if peft:
-        publisher: Any = VLLMAdapterPublisher([url], run_dir / "adapters")
-    else:
-        publisher = VLLMFullWeightsPublisher([url], run_dir / "weights")
-
-    async def close() -> None:
-        await client.aclose()
-        if server is not None:
-            server.stop()
-
-    return Inference(client, publisher, close)
-
-
-async def make_sharded_inference(
-    tokenizer: Any, model_name: str, run_dir: Path, *, host: str = "127.0.0.1", port: int = 0, dtype: str = "auto",
-) -> Inference:
-    """Client + publisher for every rank of an FSDP2 run: one vLLM server (started by rank 0 when ``port``
-    is 0, its URL broadcast), every rank sampling its own share of the rollouts from it, and a
+    A model sharded by FSDP2 (every rank of the run calls this): one server, started by rank 0 and its
+    URL broadcast, every rank sampling its own share of the rollouts from it, and a
     ``GatheringPublisher``: all ranks join the gather, rank 0 pushes the merged full weights (by path on
     one machine, NCCL on GPUs with ``transport="nccl"``)."""
     from ludic.distributed import broadcast_object, is_rank0
-    from ludic.inference.publish import VLLMFullWeightsPublisher
+    from ludic.inference.publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher
     from ludic.inference.vllm_client import VLLMChatClient
     from ludic.inference.vllm_launcher import VLLMServerProcess
-    from ludic.training.fsdp import GatheringPublisher
+    from ludic.training.fsdp import GatheringPublisher, is_sharded
 
+    sharded = is_sharded(model)
+    peft = hasattr(model, "peft_config") and not sharded  # a sharded LoRA is published merged
     server = None
-    if not port and is_rank0():
-        server = VLLMServerProcess(model_name, log_path=run_dir / "vllm_server.log", dtype=dtype,
+    if not port and (is_rank0() or not sharded):
+        rank = max(cfg.r for cfg in model.peft_config.values()) if peft else 16
+        lora = [] if sharded else ["--enable-lora", "--max-lora-rank", str(max(rank, 8))]
+        server = VLLMServerProcess(model_name, extra_args=lora, log_path=run_dir / "vllm_server.log", dtype=dtype,
                                    allowed_dirs=[run_dir]).start()
-    url = broadcast_object(server.url if server is not None else f"http://{host}:{port}" if port else None)
+    url = server.url if server is not None else f"http://{host}:{port}" if port else None
+    if sharded:
+        url = broadcast_object(url)
     client = VLLMChatClient(url, tokenizer=tokenizer)
-    publisher = GatheringPublisher(VLLMFullWeightsPublisher([url], run_dir / "weights"))
+    if peft:
+        publisher: Any = VLLMAdapterPublisher([url], run_dir / "adapters")
+    elif sharded:
+        publisher = GatheringPublisher(VLLMFullWeightsPublisher([url], run_dir / "weights"))
+    else:
+        publisher = VLLMFullWeightsPublisher([url], run_dir / "weights")
 
     async def close() -> None:
         await client.aclose()

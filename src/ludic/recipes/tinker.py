@@ -57,31 +57,17 @@ def train_tinker(cfg: TinkerTicTacToeConfig) -> dict[str, Any]:
     return asyncio.run(_train(cfg))
 
 
-async def _start_standin(model: str, run_dir: Path) -> tuple[str, Any]:
-    """The stand-in server as a subprocess; (url, process)."""
-    import subprocess
+def standin_process(model: str, run_dir: Path) -> Any:
+    """Ludic's Tinker stand-in as a subprocess (a ``ServerProcess``), not yet started."""
     import sys
 
-    import httpx
-
-    from ludic.inference.vllm_launcher import free_port
+    from ludic.inference.vllm_launcher import ServerProcess, free_port
 
     port = free_port()
-    log = open(run_dir / "tinker_standin.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "ludic.inference.tinker_standin", "--model", model, "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        if proc.poll() is not None:
-            raise RuntimeError(f"the Tinker stand-in exited with {proc.returncode}: see {run_dir / 'tinker_standin.log'}")
-        try:
-            if httpx.get(f"{url}/api/v1/get_server_capabilities", timeout=1).status_code == 200:
-                return url, proc
-        except httpx.HTTPError:
-            pass
-        await asyncio.sleep(0.5)
-    proc.kill()
-    raise TimeoutError(f"the Tinker stand-in did not answer on {url} within 150 s")
+    server = ServerProcess([sys.executable, "-m", "ludic.inference.tinker_standin", "--model", model,
+                            "--port", str(port)], port, run_dir / "tinker_standin.log")
+    server.name, server.health = "the Tinker stand-in", "/api/v1/get_server_capabilities"
+    return server
 
 
 async def _train(cfg: TinkerTicTacToeConfig) -> dict[str, Any]:
@@ -105,7 +91,8 @@ async def _train(cfg: TinkerTicTacToeConfig) -> dict[str, Any]:
     base_model = cfg.base_model
     if cfg.standin:
         base_model = resolve_model(base_model or DEFAULT_MODEL)
-        url, proc = await _start_standin(base_model, run_dir)
+        proc = standin_process(base_model, run_dir).start(timeout_s=150)
+        url = proc.url
         os.environ.setdefault("TINKER_API_KEY", "tml-ludic-standin")  # the SDK wants one; the stand-in ignores it
         print(f"[tinker] using Ludic's local Tinker STAND-IN at {url} (not the Tinker service)", flush=True)
     else:
@@ -150,5 +137,4 @@ async def _train(cfg: TinkerTicTacToeConfig) -> dict[str, Any]:
         if logger is not None:
             logger.close()
         if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=30)
+            proc.stop()

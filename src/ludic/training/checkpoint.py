@@ -200,6 +200,16 @@ def _load_value_head(model: Any, folder: Path) -> None:
         head.load_state_dict(load_file(str(f)))
 
 
+def read_full_weights(folder: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the ``*.safetensors`` files ``save_pretrained`` wrote for a full model."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no safetensors weights")
+    return {k: v for f in files for k, v in load_file(str(f)).items()}
+
+
 def load_model_weights(model: Any, folder: str | Path) -> None:
     """Load weights saved by ``model.save_pretrained`` into ``model`` in place: the LoRA adapter
     of a peft model (``adapter_model.safetensors``), else the full safetensors weights."""
@@ -215,13 +225,7 @@ def load_model_weights(model: Any, folder: str | Path) -> None:
         if unexpected:
             raise RuntimeError(f"{mdir}: adapter keys not in the model: {unexpected[:5]}")
         return
-    files = sorted(mdir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{mdir}: no safetensors weights")
-    sd: dict[str, torch.Tensor] = {}
-    for f in files:
-        sd.update(load_file(str(f)))
-    missing, unexpected = model.load_state_dict(sd, strict=False)
+    missing, unexpected = model.load_state_dict(read_full_weights(mdir), strict=False)
     missing = [k for k in missing if not k.endswith("lm_head.weight")]
     if missing or unexpected:
         raise RuntimeError(f"{mdir}: missing {missing[:5]}, unexpected {unexpected[:5]}")

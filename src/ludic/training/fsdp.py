@@ -132,10 +132,9 @@ def load_full_state(model: Any, folder: str | Any, optimizer: Any | None = None)
         raw = load_file(str(mdir / "adapter_model.safetensors"))
         sd = {re.sub(r"\.(lora_[A-Za-z_]+)\.(weight|bias)$", rf".\1.{name}.\2", k): v for k, v in raw.items()}
     else:
-        files = sorted(mdir.glob("*.safetensors"))
-        if not files:
-            raise FileNotFoundError(f"{mdir}: no safetensors weights")
-        sd = {k: v for f in files for k, v in load_file(str(f)).items()}
+        from ludic.training.checkpoint import read_full_weights
+
+        sd = read_full_weights(mdir)
     unknown = sorted(set(sd) - keys)
     if unknown:
         raise RuntimeError(f"{mdir}: weights not in the model: {unknown[:5]}")

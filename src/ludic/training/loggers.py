@@ -66,17 +66,18 @@ class RichLogger:
     ``LUDIC_PROGRESS_EVERY`` seconds, so CI logs stay short."""
 
     def __init__(self, total_steps: int | None = None, keys: tuple[str, ...] = KEY_METRICS, desc: str = "train") -> None:
-
-        self.total = total_steps
         self.keys = keys
         self.progress = Progress(desc, total_steps, unit="step", stream=sys.stdout)
         self._first = True
 
+    @property
+    def total(self) -> int | None:
+        return self.progress.total
+
     def log(self, step: int, metrics: dict[str, Any]) -> None:
         vals = _scalars(metrics)
         if "planned_steps" in vals:  # a time-budgeted stage learns its step count after calibrating
-            self.total = int(vals["planned_steps"])
-            self.progress.set_total(self.total)
+            self.progress.set_total(int(vals["planned_steps"]))
         shown = {k: vals[k] for k in self.keys if k in vals}
         evals = {k: v for k, v in vals.items() if k.startswith("eval/")}
         bar = self.progress
@@ -92,11 +93,9 @@ class RichLogger:
         elif bar.mode == "lines":
             last = self.total is not None and step >= self.total
             bar.n, bar.metrics = step, brief
-            if first or last or evals or time.monotonic() - bar._last_line >= bar.every_s:
+            if first or last or evals or bar.due():
                 eta = bar.eta_s()
-                bar._last_line = time.monotonic()
-                print(f"{head}  {text}" + (f"  eta {format_seconds(eta)}" if eta is not None and not last else ""),
-                      file=sys.stdout, flush=True)
+                bar.write_line(f"{head}  {text}" + (f"  eta {format_seconds(eta)}" if eta is not None and not last else ""))
 
     def close(self) -> None:
         if self.progress.mode == "bar":

@@ -88,7 +88,7 @@ class TinkerLearner:
         t0 = time.perf_counter()
         if not items:
             return {"skipped_empty_batch": 1.0, **await self.publish()}
-        tokens = sum(sum(it.action_mask) if it.action_mask else len(it.completion_ids) for it in items)
+        tokens = sum(it.num_action_tokens for it in items)
         data = [saw_to_datum(it, 1.0 / max(1, tokens), self.loss_fn) for it in items]
         fb = self.training_client.forward_backward(data, self.loss_fn)  # both submitted before waiting
         opt = self.training_client.optim_step(types.AdamParams(learning_rate=self.lr, grad_clip_norm=self.grad_clip_norm))
