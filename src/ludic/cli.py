@@ -127,7 +127,8 @@ def _recipe_tictactoe(argv: list[str]) -> None:
 def _train_games(argv: list[str]) -> None:
     from pathlib import Path
 
-    from ludic.recipes.games import TrainGamesConfig, original_config_argv, train_games
+    from ludic.recipes.games import TrainGamesConfig, train_games
+    from ludic.recipes.games_config import original_config_argv
 
     def flag(name: str) -> str | None:
         for k, v in zip(argv, argv[1:]):

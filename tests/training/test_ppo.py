@@ -151,7 +151,8 @@ def test_the_original_json_configs_map_onto_flags_with_warnings_and_unknown_fiel
     from pathlib import Path
 
     from ludic.config import parse_config
-    from ludic.recipes.games import TrainGamesConfig, original_config_argv, parse_games
+    from ludic.recipes.games import TrainGamesConfig, parse_games
+    from ludic.recipes.games_config import original_config_argv
 
     root = Path(__file__).resolve().parents[2] / "configs" / "games"
     warned = []
@@ -191,3 +192,62 @@ def test_train_games_against_a_league_of_frozen_snapshots(tiny_model_dir, tmp_pa
     with pytest.raises(ValueError, match="two-player games"):
         train_games(TrainGamesConfig(model=str(tiny_model_dir), games="hearts", opponent="league",
                                      run_dir=str(tmp_path / "x"), logger="none"))
+
+
+def test_format_demos_answer_a_uniform_legal_id_through_the_real_agent_prompt(tiny_model_dir):
+    """The format cold start teaches bare legal ids on exactly the prompts PPO samples from, and no game:
+    each legal id about equally often."""
+    pytest.importorskip("pyspiel")
+    from collections import Counter
+
+    from ludic.data.offline import sft_item
+    from ludic.eval.games import turn_messages
+    from ludic.recipes.games import TrainGamesConfig, format_demo_items
+    from ludic.training.lora import load_policy
+
+    _, tok = load_policy(tiny_model_dir, dtype="float32")
+    items = asyncio.run(format_demo_items(TrainGamesConfig(games="kuhn_poker", opponent="self"), tok, 60, seed=0))
+    assert len(items) >= 60 * 2  # every seat of every self-play game, at least one turn each
+    answers = Counter(tok.decode(i.completion_ids, skip_special_tokens=True) for i in items)
+    assert set(answers) == {"0", "1"} and min(answers.values()) > 0.35 * len(items)
+    assert all(i.completion_ids[-1] == tok.eos_token_id for i in items)
+    want = {tuple(sft_item({"messages": turn_messages(e, e.state, 0), "completion": "0"}, tok).prompt_ids)
+            for e in _kuhn_openings()}  # player 0's first turn, for each of its cards
+    opening = {tuple(i.prompt_ids) for i in items if "Actions so far: none" in tok.decode(i.prompt_ids)}
+    assert opening == want
+    with pytest.raises(ValueError, match="only the trace task"):
+        asyncio.run(format_demo_items(TrainGamesConfig(games="trace"), tok, 2, seed=0))
+
+
+def _kuhn_openings():
+    from ludic.envs.openspiel import OpenSpielEnv
+
+    out = []
+    for card in range(3):
+        env = OpenSpielEnv(game="kuhn_poker")
+        env.reset(seed=0)
+        state = env.game.new_initial_state()
+        state.apply_action(card)
+        state.apply_action((card + 1) % 3)
+        env.state = state
+        out.append(env)
+    return out
+
+
+def test_train_games_format_demos_merge_into_the_ppo_start_and_are_not_rerun_on_resume(tiny_model_dir, tmp_path):
+    pytest.importorskip("pyspiel")
+    from ludic.recipes.games import TrainGamesConfig, train_games
+
+    run = tmp_path / "fmt"
+    cfg = dict(model=str(tiny_model_dir), games="kuhn_poker", opponent="self", format_demos=2, train_steps=1,
+               eval_every=0, episodes_per_update=4, run_dir=str(run), logger="none", dtype="float32",
+               max_completion_tokens=3)
+    out = train_games(TrainGamesConfig(**cfg))
+    base, start, end = out["exploitability"]
+    assert base["stage"] == "base" and "stage" not in start and (start["step"], end["step"]) == (0, 1)
+    assert base["nash_conv/kuhn_poker"] != start["nash_conv/kuhn_poker"]  # the demos moved the policy
+    assert (run / "format_sft" / "model.safetensors").exists() and not (run / "format_sft.tmp").exists()
+    stamp = (run / "format_sft" / "model.safetensors").stat().st_mtime_ns
+    out2 = train_games(TrainGamesConfig(**{**cfg, "train_steps": 2}))
+    assert [p["step"] for p in out2["exploitability"]] == [1, 2]  # resumed: no second base measure or demos
+    assert (run / "format_sft" / "model.safetensors").stat().st_mtime_ns == stamp

@@ -17,6 +17,7 @@ import asyncio
 import json
 import math
 import random
+import re
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -61,6 +62,12 @@ class TrainGamesConfig:
     """--opponent league: snapshot the policy every N steps (step 0, the starting policy, included)."""
     episodes_per_update: int = 16
     train_steps: int = 30
+    format_demos: int = 0
+    """SFT steps of a format cold start before PPO (0: none). A teacher answers every turn with a
+    uniformly random legal id, through the real agent, env and chat template, so the model learns
+    to answer with a bare id and nothing about the game. The result is merged into the base (saved in
+    <run_dir>/format_sft, the PPO's KL reference); NashConv is measured before and after it."""
+    format_demo_lr: float = 5e-4
     temperature: float = 1.0
     max_completion_tokens: int = 8
     """Reply limit: an action id needs a few tokens."""
@@ -105,81 +112,6 @@ class TrainGamesConfig:
     command line win): see ``original_config_argv``."""
     env_config: str = ""
     """The original trainer's env_config.json or trace_config.json."""
-
-
-# ------------------------------------------------------------------ the original's JSON configs
-_TRAIN_FIELDS: dict[str, str | None] = {
-    "model_name": "--model", "model": "--model", "learning_rate": "--lr", "ppo_epochs": "--ppo-epochs",
-    "init_kl_coef": "--kl-coef", "target_kl": None, "cliprange": "--clip", "cliprange_value": "--value-clip",
-    "vf_coef": "--vf-coef", "num_train_steps": "--train-steps", "save_freq": "--checkpoint-every",
-    "eval_freq": "--eval-every", "max_new_tokens": "--max-completion-tokens", "temperature": "--temperature",
-    "max_seq_length": "--max-seq-len", "output_dir": "--run-dir", "min_valid_samples_per_step": "--episodes-per-update",
-    "lora_r": "--lora-rank",
-    # fields without a meaning here: accepted with a warning
-    "use_4bit": None, "bnb_4bit_compute_dtype": None, "bnb_4bit_quant_type": None, "bnb_4bit_use_double_quant": None,
-    "gradient_accumulation_steps": None, "log_freq": None, "top_p": None, "max_collection_episodes": None,
-    "wandb_project": None, "lora_dropout": None, "lora_bias": None, "lora_target_modules": None,
-    "batch_size": None, "mini_batch_size": None, "resume_from": None, "use_wandb": None, "lora_alpha": None,
-}
-_WHY = {
-    "use_4bit": "no 4-bit quantisation on CPU (bitsandbytes); the model runs in --dtype",
-    "gradient_accumulation_steps": "micro-batches are cut by --micro-token-budget",
-    "top_p": "sampling is full-distribution so the PPO ratio is exact",
-    "lora_target_modules": "LoRA covers every projection",
-    "batch_size": "mapped with mini_batch_size to --num-minibatches",
-}
-_ENV_FIELDS = {"env_type", "env_mode", "allowed_game_indices", "opponent", "gamma", "use_vllm", "vllm_base_url",
-               "timeout", "api_key"}
-
-
-def original_config_argv(train: dict[str, Any] | None = None, env: dict[str, Any] | None = None,
-                         warn: Any = print) -> list[str]:
-    """Flags of ``ludic train games`` equivalent to the original trainer's train_config.json and
-    env_config.json / trace_config.json. Fields with no meaning here (docker mode, 4-bit, a remote
-    vLLM URL, ...) are accepted with a one-line warning each; an unknown field is a ValueError
-    naming it."""
-    argv: list[str] = []
-    train, env = dict(train or {}), dict(env or {})
-    for key, value in train.items():
-        if key.startswith("bnb_"):
-            key_map = None
-        elif key not in _TRAIN_FIELDS:
-            raise ValueError(f"train config: unknown field {key!r} (known: {', '.join(sorted(_TRAIN_FIELDS))})")
-        else:
-            key_map = _TRAIN_FIELDS[key]
-        if key_map is None:
-            if key not in ("batch_size", "mini_batch_size", "lora_alpha", "use_wandb", "resume_from", "target_kl"):
-                warn(f"[ludic] train config: {key!r} has no meaning here ({_WHY.get(key, 'ignored')})")
-            continue
-        argv += [key_map, str(value)]
-    if "target_kl" in train:  # TRL's controller targets the KL summed over a response; ours is per token
-        argv += ["--kl-target", str(float(train["target_kl"]) / max(1, int(train.get("max_new_tokens", 8))))]
-    if "batch_size" in train and "mini_batch_size" in train:
-        argv += ["--num-minibatches", str(max(1, int(train["batch_size"]) // max(1, int(train["mini_batch_size"]))))]
-    if "lora_alpha" in train:
-        argv += ["--lora-alpha-mult", str(float(train["lora_alpha"]) / float(train.get("lora_r", 16)))]
-    if train.get("use_wandb"):
-        argv += ["--logger", "rich,wandb"]
-    if train.get("resume_from"):
-        warn("[ludic] train config: 'resume_from' -> the run resumes from the latest checkpoint in its run_dir")
-    for key, value in env.items():
-        if key not in _ENV_FIELDS:
-            raise ValueError(f"env config: unknown field {key!r} (known: {', '.join(sorted(_ENV_FIELDS))})")
-        if key == "allowed_game_indices":
-            argv += ["--games", ",".join(f"index:{int(i)}" for i in value)]
-        elif key == "opponent" and value:
-            argv += ["--opponent", str(value)]
-        elif key == "gamma":
-            argv += ["--gamma", str(value)]
-        elif key == "env_type":
-            if value == "trace":
-                argv += ["--games", "trace"]
-            elif value != "openspiel":
-                raise ValueError(f"env config: env_type must be openspiel or trace, got {value!r}")
-        else:
-            warn(f"[ludic] env config: {key!r} has no meaning here (games run in process on pyspiel, "
-                 "sampling on the trained policy)")
-    return argv
 
 
 def parse_games(spec: str) -> list[dict[str, Any]]:
@@ -409,6 +341,69 @@ class GameRequests:
             self.sampler.load_state_dict(state["opponents"])
 
 
+LEGAL_LINE = re.compile(r"^(\d+) -> ", re.M)
+"""One ``id -> action`` line of the turn text (``OpenSpielEnv.turn_text``)."""
+
+
+async def format_demo_items(cfg: Any, tok: Any, episodes: int, seed: int) -> list[Any]:
+    """SFT items of the format cold start: ``episodes`` games in which a teacher answers each turn
+    with a uniformly random legal id (read from the turn text's ``id -> action`` lines). They go
+    through the real agent, env, protocol and chat template, so the trained tokens are exactly a
+    bare-id reply to the prompts PPO will show; every seat of a self-play game is a demo. The
+    opponent is the uniform bot unless the run plays itself (the demos teach no game)."""
+    from dataclasses import replace
+
+    from ludic.inference.client import FunctionClient
+    from ludic.types import SAWItem
+
+    rng = random.Random(seed)
+
+    def teacher(messages: list[dict]) -> str:
+        text = messages[-1]["content"]
+        ids = LEGAL_LINE.findall(text.rsplit("Legal Actions:", 1)[-1])
+        if not ids:
+            raise ValueError(f"--format-demos: the turn text lists no 'id -> action' line: {text[-200:]!r}")
+        return rng.choice(ids)
+
+    games = [g for g in parse_games(cfg.games) if "trace" not in g]
+    if not games:
+        raise ValueError("--format-demos teaches the games' action-id answers: --games has only the trace task")
+    demo_cfg = replace(cfg, opponent="self" if cfg.opponent in ("self", "league") else "random", mcts_simulations=0)
+    engine = RolloutEngine(protocols(FunctionClient(tok, teacher), demo_cfg, 0.0), concurrency=cfg.concurrency)
+    specs = [env_spec(demo_cfg, rng.choice(games), rng) for _ in range(episodes)]
+    reqs = [RolloutRequest(spec, protocol="selfplay" if spec.kwargs.get("seats") else "single_agent",
+                           env_seed=rng.randrange(2**31), max_steps=cfg.max_turns) for spec in specs]
+    rollouts = await engine.generate_rollouts(reqs, progress="format demos")
+    return [SAWItem(prompt_ids=s.trace.prompt_ids, completion_ids=s.trace.completion_ids, weight=1.0)
+            for r in rollouts for s in r.steps if s.trace is not None]
+
+
+async def run_format_demos(cfg: Any, model: Any, tok: Any, run_dir: Path) -> Path:
+    """``cfg.format_demos`` SFT steps (``episodes_per_update`` episodes' turns each) on the format
+    demos, then the merged weights saved to ``<run_dir>/format_sft`` (returned)."""
+    from dataclasses import replace
+
+    from ludic.data.offline import OfflineBatchSource
+    from ludic.training.algorithms import make_sft
+    from ludic.training.loggers import RichLogger, logger_names
+    from ludic.training.lora import save_merged_base
+    from ludic.training.trainer import Trainer
+
+    items = await format_demo_items(cfg, tok, cfg.format_demos * cfg.episodes_per_update, cfg.seed + 7)
+    batch = max(1, len(items) // cfg.format_demos)
+    console = (RichLogger(cfg.format_demos, desc="format demos")
+               if {"rich", "print"} & set(logger_names(cfg.logger)) else None)
+    sft = Trainer(model, make_sft(), OfflineBatchSource(items, batch, seed=cfg.seed),
+                  replace(cfg.trainer, lr=cfg.format_demo_lr, total_steps=cfg.format_demos, lr_schedule="cosine",
+                          ppo_epochs=1, num_minibatches=1, kl_target=None, checkpoint_every=0),
+                  logger=console, tokenizer=tok, pad_token_id=tok.pad_token_id)
+    print(f"[games] format demos: {len(items)} teacher turns, {cfg.format_demos} SFT steps of {batch}", flush=True)
+    await sft.train(cfg.format_demos)
+    out = save_merged_base(model, tok, run_dir / "format_sft.tmp")
+    out.rename(run_dir / "format_sft")
+    return run_dir / "format_sft"
+
+
 def exploitability(model: Any, tok: Any, games: Sequence[str], temperature: float = 1.0) -> dict[str, float]:
     """NashConv of the model's policy on each game of ``games`` that is in ``EXPLOITABILITY_GAMES``."""
     from ludic.envs.openspiel import OpenSpielEnv
@@ -454,7 +449,21 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
     run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(f"games-{'-'.join(names)}")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
-    model, tok = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    curve: list[dict[str, Any]] = []
+    formatted = run_dir / "format_sft"
+    if cfg.format_demos and not (cfg.resume and (formatted / "config.json").exists()):
+        model, tok = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed,
+                                 lora=LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult))
+        before = exploitability(model, tok, names, cfg.temperature)
+        if before:
+            curve.append({"step": 0, "stage": "base", **before})
+            print("[games] base model: " + ", ".join(f"{k} {v:.4f}" for k, v in before.items()), flush=True)
+        await run_format_demos(cfg, model, tok, run_dir)
+        del model
+    if cfg.format_demos:  # PPO starts from the merged format SFT: its KL reference is that policy
+        model, tok = load_policy(str(formatted), dtype=cfg.dtype, seed=cfg.seed)
+    else:
+        model, tok = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
     n_layers = len(decoder_layers(model))
     top = n_layers if cfg.lora_layer_share >= 1 else max(1, round(cfg.lora_layer_share * n_layers))
     model = apply_lora(model, LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult,
@@ -484,7 +493,6 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
         if not resumed:
             league.load_state_dict({"snapshots": []})  # a fresh run starts with an empty league
         league.maybe_snapshot(model, trainer.step)
-    curve: list[dict[str, Any]] = []
 
     def measure(step: int) -> None:
         ex = exploitability(model, tok, names, cfg.temperature)
