@@ -8,7 +8,7 @@ mixed opponent), then a GRPO optimizer step on SmolLM2-135M-Instruct with LoRA r
     merged     build_saw_items(..., merge_turns=True)   one sequence per episode (FullDialog)
     per-turn   build_saw_items(..., merge_turns=False)  one item per turn, each re-reading the history
 
-    python benchmarks/bench_multiturn.py [--repeats 2] [--dtype auto]
+    python benchmarks/bench_multiturn.py [--repeats 2] [--dtype auto] [--episodes 16] [--quick]
 
 Prints trained (sampled) tokens and sequence tokens (what the trainer's forward pass reads)
 per episode, and the optimizer step time (median of the repeats, after one warm-up each),
@@ -21,8 +21,12 @@ import argparse
 import asyncio
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
+
+if __package__ in (None, ""):  # run as a file: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 class TeacherClient:
@@ -74,21 +78,22 @@ def cpu_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def main() -> None:
+def run(repeats: int | None = None, dtype: str = "auto", episodes: int | None = None, *,
+        quick: bool = False) -> dict:
+    """Both modes on the same rollouts and the same trainer; part (e) of the runner
+    (--quick: 4 episodes, 1 repeat)."""
+    from benchmarks.common import row
+
     from ludic.inference.models import packaged_model_dir, resolve_dtype
     from ludic.rollouts.batch import build_saw_items
     from ludic.training.algorithms import make_algorithm
     from ludic.training.lora import LoraSettings, load_policy
     from ludic.training.trainer import Trainer, TrainerConfig
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--dtype", default="auto")
-    ap.add_argument("--episodes", type=int, default=16)
-    args = ap.parse_args()
-    model_dir, dtype = str(packaged_model_dir()), resolve_dtype(args.dtype)
+    repeats, episodes = repeats or (1 if quick else 2), episodes or (4 if quick else 16)
+    model_dir, dtype = str(packaged_model_dir()), resolve_dtype(dtype)
     model, tok = load_policy(model_dir, lora=LoraSettings(rank=16, alpha=32), dtype=dtype, seed=0)
-    rollouts = asyncio.run(teacher_rollouts(tok, args.episodes))
+    rollouts = asyncio.run(teacher_rollouts(tok, episodes))
     turns = sum(len(r.steps) for r in rollouts) / len(rollouts)
     algo = make_algorithm("grpo")
     trainer = Trainer(model, algo, None, TrainerConfig(lr=1e-5, micro_token_budget=4096, max_seq_len=2048),
@@ -98,20 +103,37 @@ def main() -> None:
         items = build_saw_items(rollouts, algo.credit, merge_turns=merge)
         trainer.optimize(items)  # warm-up
         times = []
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             t0 = time.perf_counter()
             trainer.optimize(items)
             times.append(time.perf_counter() - t0)
         rows[name] = (len(items), sum(it.num_action_tokens for it in items), sum(it.num_tokens for it in items),
                       statistics.median(times))
     n = len(rollouts)
-    print(f"cpu native bf16: {cpu_bf16()}; dtype {dtype}; {n} episodes, {turns:.1f} agent turns each; "
-          f"GRPO step, LoRA r16, SmolLM2-135M; median of {args.repeats}")
-    print(f"{'mode':9} {'items':>6} {'trained tok/ep':>15} {'sequence tok/ep':>16} {'step s':>8}")
+    print(f"[multiturn] cpu native bf16: {cpu_bf16()}; dtype {dtype}; {n} episodes, {turns:.1f} agent turns each; "
+          f"GRPO step, LoRA r16, SmolLM2-135M; median of {repeats}")
+    print(f"[multiturn] {'mode':9} {'items':>6} {'trained tok/ep':>15} {'sequence tok/ep':>16} {'step s':>8}")
     for name, (k, trained, seq, t) in rows.items():
-        print(f"{name:9} {k:6d} {trained / n:15.1f} {seq / n:16.1f} {t:8.2f}")
+        print(f"[multiturn] {name:9} {k:6d} {trained / n:15.1f} {seq / n:16.1f} {t:8.2f}")
     m, p = rows["merged"], rows["per-turn"]
-    print(f"ratio per-turn / merged: sequence tokens {p[2] / m[2]:.2f}x, step time {p[3] / m[3]:.2f}x")
+    print(f"[multiturn] ratio per-turn / merged: sequence tokens {p[2] / m[2]:.2f}x, step time {p[3] / m[3]:.2f}x")
+    keys = ("items", "trained_tokens", "sequence_tokens", "step_s")
+    return {
+        "config": {"episodes": n, "turns_per_episode": turns, "repeats": repeats, "dtype": dtype},
+        "merged": dict(zip(keys, m)), "per_turn": dict(zip(keys, p)),
+        "rows": [row("e", "multi-turn GRPO step s (per-turn items / merged)", m[3], p[3], p[3] / m[3], unit="s"),
+                 row("e", "multi-turn sequence tokens (per-turn items / merged)", m[2], p[2], p[2] / m[2], unit="tok")],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=None, help="default 2; 1 with --quick")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--episodes", type=int, default=None, help="default 16; 4 with --quick")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    run(args.repeats, args.dtype, args.episodes, quick=args.quick)
 
 
 if __name__ == "__main__":

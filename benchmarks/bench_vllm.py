@@ -30,13 +30,17 @@ TOPICS = ["the sea", "mountains", "a cat", "coffee", "the moon", "trains", "autu
           "rain", "a library", "bicycles", "bread", "the desert", "music", "snow", "a garden"]
 
 
+def prompt_texts(n: int) -> list[str]:
+    """``n`` short user requests (4 kinds x 16 topics, cycled)."""
+    kinds = ["Write a short poem about {}.", "Tell me three facts about {}.",
+             "Describe {} in two sentences.", "Why do people like {}?"]
+    return [kinds[i % 4].format(TOPICS[i % 16]) for i in range(n)]
+
+
 def prompts(tokenizer: Any, n: int) -> list[tuple[int, ...]]:
     from ludic.tokenization import render_ids
 
-    kinds = ["Write a short poem about {}.", "Tell me three facts about {}.",
-             "Describe {} in two sentences.", "Why do people like {}?"]
-    return [tuple(render_ids(tokenizer, [{"role": "user", "content": kinds[i % 4].format(TOPICS[i % 16])}]))
-            for i in range(n)]
+    return [tuple(render_ids(tokenizer, [{"role": "user", "content": t}])) for t in prompt_texts(n)]
 
 
 async def run_workload(client: Any, ids: list[tuple[int, ...]], max_tokens: int) -> dict[str, float]:
@@ -165,7 +169,6 @@ def bench_server(model_dir: Path, ids: list[tuple[int, ...]], max_tokens: int, o
 
 def bench_engine(model_dir: Path, ids: list[tuple[int, ...]], max_tokens: int, out: dict[str, Any],
                  dtype: str) -> None:
-    from ludic.inference.publish import InProcessPublisher
     from ludic.inference.vllm_engine import VLLMEngineClient
 
     t0 = time.perf_counter()
@@ -175,22 +178,34 @@ def bench_engine(model_dir: Path, ids: list[tuple[int, ...]], max_tokens: int, o
         asyncio.run(warm(eng, ids))
         out["engine"] = asyncio.run(run_workload(eng, ids, max_tokens))
         print(f"in-process vLLM route: {out['engine']}", flush=True)
-        pm = peft_model(model_dir, dtype)
-        with tempfile.TemporaryDirectory() as d:
-            pub = InProcessPublisher(eng, mode="adapter", out_dir=Path(d) / "a")
-            runs = [pub.publish(pm, v) for v in (1, 2, 3)]
-            out["engine_adapter_push"] = {"total_s": med([r["total_s"] for r in runs]),
-                                          "save_s": med([r["save_s"] for r in runs]),
-                                          "load_switch_s": med([r["push_s"] for r in runs])}
-            fpub = InProcessPublisher(eng, mode="full", out_dir=Path(d) / "f")
-            runs = [fpub.publish(pm, v) for v in (4, 5)]
-            out["engine_full_push"] = {"total_s": med([r["total_s"] for r in runs]),
-                                       "merge+write_s": med([r["save_s"] for r in runs]),
-                                       "reload_s": med([r["push_s"] for r in runs])}
+        out.update(engine_push(eng, model_dir, dtype))
         after = asyncio.run(run_workload(eng, ids[:8], 16))
         assert after["failed"] == 0, after
     finally:
         eng.close()
+
+
+def engine_push(eng: Any, model_dir: Path, dtype: str, adapter_versions: tuple[int, ...] = (1, 2, 3),
+                full_versions: tuple[int, ...] = (4, 5)) -> dict[str, Any]:
+    """Weight-push latency into a running ``VLLMEngineClient`` through ``InProcessPublisher``: a LoRA
+    r16 adapter (save + load as a new LoRARequest) and full weights (merge + write + reload),
+    medians over the given versions (each must be newer than the engine's)."""
+    from ludic.inference.publish import InProcessPublisher
+
+    out: dict[str, Any] = {}
+    pm = peft_model(model_dir, dtype)
+    with tempfile.TemporaryDirectory() as d:
+        pub = InProcessPublisher(eng, mode="adapter", out_dir=Path(d) / "a")
+        runs = [pub.publish(pm, v) for v in adapter_versions]
+        out["engine_adapter_push"] = {"total_s": med([r["total_s"] for r in runs]),
+                                      "save_s": med([r["save_s"] for r in runs]),
+                                      "load_switch_s": med([r["push_s"] for r in runs])}
+        fpub = InProcessPublisher(eng, mode="full", out_dir=Path(d) / "f")
+        runs = [fpub.publish(pm, v) for v in full_versions]
+        out["engine_full_push"] = {"total_s": med([r["total_s"] for r in runs]),
+                                   "merge+write_s": med([r["save_s"] for r in runs]),
+                                   "reload_s": med([r["push_s"] for r in runs])}
+    return out
 
 
 def bench_hf(model_dir: Path, ids: list[tuple[int, ...]], max_tokens: int, out: dict[str, Any],

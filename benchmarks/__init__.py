@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks of Ludic against its peers; ``python -m benchmarks`` runs them all."""

@@ -1,0 +1,100 @@
+"""The benchmarks' pure helpers: the FLOPs count of bench_trainer, parameter counting, the ratio
+table, the CPU header and the runner's part selection (no benchmark is run here)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks.__main__ import parse_only
+from benchmarks.bench_trainer import param_counts, train_flops
+from benchmarks.common import at_least, at_most, cpu_info, fmt, format_table, header, row
+
+
+def test_train_flops_lora_by_hand():
+    # N=1000, N_lora=10, H=4, V=50, T=20 sequence tokens, S=5 scored tokens
+    f = train_flops(nonembed=1000, lora=10, hidden=4, vocab=50, seq_tokens=20, scored_tokens=5, full=False)
+    head = 2 * 4 * 50 * 5  # 2000
+    assert f["forward"] == 2 * 1010 * 20 + head == 42400
+    assert f["backward_activations"] == 42400
+    assert f["backward_weights"] == 2 * 10 * 20 == 400  # only the LoRA weights get gradients
+    assert f["total"] == 85200
+
+
+def test_train_flops_full_by_hand():
+    f = train_flops(nonembed=1000, lora=0, hidden=4, vocab=50, seq_tokens=20, scored_tokens=5, full=True)
+    assert f["forward"] == 42000
+    assert f["backward_activations"] == 42000
+    assert f["backward_weights"] == 2 * 1000 * 20 + 2000 == 42000  # every weight and the LM head
+    assert f["total"] == 126000 == 3 * f["forward"]
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_param_counts_tiny_llama(tied):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    model = LlamaForCausalLM(cfg)
+    # per layer: q 16x16, k 16x8, v 16x8, o 16x16, gate/up/down 16x32 each, two norms of 16
+    per_layer = 256 + 128 + 128 + 256 + 3 * 512 + 2 * 16
+    nonembed = 2 * per_layer + 16  # + the final norm; embeddings and the LM head excluded
+    assert param_counts(model) == {"nonembed": nonembed, "lora": 0, "hidden": 16, "vocab": 100, "tied": tied}
+    pm = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    # q: A 2x16 + B 16x2; v: A 2x16 + B 8x2 -> 64 + 48 per layer
+    assert param_counts(pm) == {"nonembed": nonembed, "lora": 2 * (64 + 48), "hidden": 16, "vocab": 100, "tied": tied}
+
+
+def test_format_table():
+    rows = [
+        row("a", "GRPO step s", 2.0, 12.0, 6.0, unit="s", goal=">=5x", met=at_least(6.0, 5.0)),
+        row("b", "overhead", 1.05, 1.0, 1.05, unit="s", ratio_kind="%", goal="<=10%", met=at_most(0.05, 0.10)),
+        row("c", "share", 20.0, 10.0, None, unit="%"),
+        row("e", "slow", 3.0, 2.0, 0.5, goal=">=1.5x", met=False),
+    ]
+    lines = format_table(rows).splitlines()
+    assert len(lines) == 2 + len(rows)
+    assert lines[0].split() == ["part", "what", "ludic", "peer", "ratio", "goal", "met?"]
+    assert set(lines[1].replace(" ", "")) == {"-"}
+    assert lines[2].split()[-3:] == ["6.00x", ">=5x", "yes"]
+    assert "2.00 s" in lines[2] and "12.0 s" in lines[2]
+    assert "+5.0%" in lines[3] and lines[3].endswith("yes")
+    assert lines[4].split()[-3:] == ["-", "-", "-"]  # no ratio, no goal, nothing to meet
+    assert lines[5].endswith("NO")
+    col = lines[0].index("what")  # columns are aligned
+    assert [line[col:].split()[0] for line in lines[2:]] == ["GRPO", "overhead", "share", "slow"]
+    ratio_end = lines[0].index("ratio") + len("ratio")
+    assert [line[:ratio_end].split()[-1] for line in lines[2:]] == ["6.00x", "+5.0%", "-", "0.50x"]
+
+
+def test_fmt_and_goals():
+    assert fmt(None) == "-" and fmt(float("nan")) == "-"
+    assert fmt(123.4, "s") == "123 s"
+    assert fmt(12.34) == "12.3"
+    assert fmt(1.234, "ms") == "1.23 ms"
+    assert fmt(0.01234) == "0.0123"
+    assert at_least(1.5, 1.5) is True and at_least(1.49, 1.5) is False and at_least(math.nan, 1) is None
+    assert at_most(0.1, 0.1) is True and at_most(0.11, 0.1) is False and at_most(None, 0.1) is None
+
+
+def test_cpu_info_and_header():
+    text = ("processor\t: 0\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_tile\n"
+            "processor\t: 1\nmodel name\t: Test CPU 9000\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_tile\n")
+    info = cpu_info(text)
+    assert info["cpu"] == "Test CPU 9000"
+    assert info["flags"] == ["avx2", "avx512f", "avx512_bf16", "amx_tile"]
+    line = header({**info, "cores": 2, "torch": "2.13.0", "torch_threads": 2, "dtype": "bfloat16"})
+    assert line == ("cpu: Test CPU 9000 | flags: avx2 avx512f avx512_bf16 amx_tile | cores: 2 | torch 2.13.0 "
+                    "(2 threads) | dtype bfloat16")
+    assert cpu_info("flags : sse2\n")["flags"] == []
+
+
+def test_parse_only():
+    assert parse_only(None) == ["a", "b", "c", "f", "d", "e"]
+    assert parse_only("f, c,a") == ["a", "c", "f"]
+    with pytest.raises(SystemExit, match="unknown part"):
+        parse_only("a,x")
