@@ -130,9 +130,11 @@ def bench_trl(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int =
 
 
 def bench_ludic(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int = 2, group_size: int = 8,
-                max_tokens: int = 32) -> dict[str, Any]:
+                max_tokens: int = 32, profile: bool = False) -> dict[str, Any]:
     """Ludic's Trainer (RolloutBatchSource over the in-process TransformersEngine, GRPO preset) for
-    1 warm-up + ``steps`` steps; seconds and token totals of the timed steps."""
+    1 warm-up + ``steps`` steps; seconds (with the generation / training split) and token totals of
+    the timed steps. ``profile``: the last step runs under ``torch.profiler``, its top operators
+    by self CPU time are returned as ``profile`` (a table)."""
     import torch
 
     from ludic.agents.agent import Agent
@@ -178,14 +180,27 @@ def bench_ludic(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int
            "engine": f"TransformersEngine max_batch_size={engine.max_batch_size}",
            "algorithm": algo.describe(), "trainer": dataclasses.asdict(tcfg)}
     show("Ludic", cfg)
-    times, generated, trained = [], [], []
-    for _ in range(steps + 1):
+    times, generated, trained, split = [], [], [], []
+    table = None
+    for k in range(steps + 1):
+        prof = None
+        if profile and k == steps:
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as torch_profile
+
+            prof = torch_profile(activities=[ProfilerActivity.CPU])
+            prof.__enter__()
         t0 = time.perf_counter()
         m = asyncio.run(trainer.train_step())
         times.append(time.perf_counter() - t0)
+        if prof is not None:
+            prof.__exit__(None, None, None)
+            table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
         generated.append(sum(len(s.trace.completion_ids) for r in source.last_rollouts for s in r.steps if s.trace))
         trained.append(int(m["action_tokens"]))
-    return {"times": times[1:], "generated": generated[1:], "trained": trained[1:], "config": cfg}
+        split.append({"generation_s": float(m.get("generation_s", 0.0)), "train_s": float(m.get("train_s", 0.0))})
+    return {"times": times[1:], "generated": generated[1:], "trained": trained[1:], "split": split[1:],
+            "config": cfg, "profile": table}
 
 
 def mean(xs: list[float]) -> float:
@@ -207,6 +222,9 @@ def run(steps: int | None = None, dtype: str = "auto", *, quick: bool = False,
     n = w["prompts"] * w["group_size"]
     print(f"[grpo] dtype {dtype}; {n} completions (<= {w['max_tokens']} tokens) per step; LoRA r16; "
           f"median of {steps} steps after 1 warm-up")
+    sp = lu["split"]
+    print(f"[grpo] ludic split: generation {mean([x['generation_s'] for x in sp]):.2f} s, "
+          f"training {mean([x['train_s'] for x in sp]):.2f} s per step")
     for name, side, t in (("ludic", lu, lt), ("trl", trl, tt)):
         print(f"[grpo] {name:5s} {t:7.2f} s/step   (steps: {', '.join(f'{x:.1f}' for x in side['times'])}; "
               f"tokens/step generated {mean(side['generated']):.0f}, trained {mean(side['trained']):.0f})")
@@ -231,7 +249,19 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1 prompt x 4 completions of <= 8 tokens, 1 step")
     ap.add_argument("--trl-gradient-checkpointing", action="store_true",
                     help="TRL's own default (off here: Ludic does not checkpoint activations either)")
+    ap.add_argument("--profile", action="store_true",
+                    help="only the Ludic side: 1 warm-up + 1 step under torch.profiler; print where the time goes")
     args = ap.parse_args()
+    if args.profile:
+        from ludic.inference.models import packaged_model_dir, resolve_dtype
+
+        w = workload(args.quick)
+        lu = bench_ludic(str(packaged_model_dir()), 1, resolve_dtype(args.dtype), profile=True,
+                         prompts_per_step=w["prompts"], group_size=w["group_size"], max_tokens=w["max_tokens"])
+        print(f"[grpo] ludic profiled step {lu['times'][0]:.2f} s: generation {lu['split'][0]['generation_s']:.2f} s, "
+              f"training {lu['split'][0]['train_s']:.2f} s (profiler overhead included)")
+        print(lu["profile"])
+        return
     out = run(args.steps, args.dtype, quick=args.quick, trl_gradient_checkpointing=args.trl_gradient_checkpointing)
     print(format_table(out["rows"]))
 

@@ -378,9 +378,13 @@ async def format_demo_items(cfg: Any, tok: Any, episodes: int, seed: int) -> lis
             for r in rollouts for s in r.steps if s.trace is not None]
 
 
+FORMAT_DEMO_EPISODES = 16
+"""Episodes per format-demo SFT step (a kuhn_poker self-play episode gives about 2.2 turns)."""
+
+
 async def run_format_demos(cfg: Any, model: Any, tok: Any, run_dir: Path) -> Path:
-    """``cfg.format_demos`` SFT steps (``episodes_per_update`` episodes' turns each) on the format
-    demos, then the merged weights saved to ``<run_dir>/format_sft`` (returned)."""
+    """``cfg.format_demos`` SFT steps on the format demos (``FORMAT_DEMO_EPISODES`` episodes' turns
+    each), then the merged weights saved to ``<run_dir>/format_sft`` (returned)."""
     from dataclasses import replace
 
     from ludic.data.offline import OfflineBatchSource
@@ -389,7 +393,7 @@ async def run_format_demos(cfg: Any, model: Any, tok: Any, run_dir: Path) -> Pat
     from ludic.training.lora import save_merged_base
     from ludic.training.trainer import Trainer
 
-    items = await format_demo_items(cfg, tok, cfg.format_demos * cfg.episodes_per_update, cfg.seed + 7)
+    items = await format_demo_items(cfg, tok, cfg.format_demos * FORMAT_DEMO_EPISODES, cfg.seed + 7)
     batch = max(1, len(items) // cfg.format_demos)
     console = (RichLogger(cfg.format_demos, desc="format demos")
                if {"rich", "print"} & set(logger_names(cfg.logger)) else None)
