@@ -251,3 +251,5 @@ def test_train_games_format_demos_merge_into_the_ppo_start_and_are_not_rerun_on_
     out2 = train_games(TrainGamesConfig(**{**cfg, "train_steps": 2}))
     assert [p["step"] for p in out2["exploitability"]] == [1, 2]  # resumed: no second base measure or demos
     assert (run / "format_sft" / "model.safetensors").stat().st_mtime_ns == stamp
+    train_games(TrainGamesConfig(**{**cfg, "resume": False, "train_steps": 0}))  # a fresh run in the same folder
+    assert (run / "format_sft" / "model.safetensors").stat().st_mtime_ns != stamp

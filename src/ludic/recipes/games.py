@@ -403,9 +403,14 @@ async def run_format_demos(cfg: Any, model: Any, tok: Any, run_dir: Path) -> Pat
                   logger=console, tokenizer=tok, pad_token_id=tok.pad_token_id)
     print(f"[games] format demos: {len(items)} teacher turns, {cfg.format_demos} SFT steps of {batch}", flush=True)
     await sft.train(cfg.format_demos)
-    out = save_merged_base(model, tok, run_dir / "format_sft.tmp")
-    out.rename(run_dir / "format_sft")
-    return run_dir / "format_sft"
+    import shutil
+
+    final, tmp = run_dir / "format_sft", run_dir / "format_sft.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)  # a crash mid-save leaves it
+    save_merged_base(model, tok, tmp)
+    shutil.rmtree(final, ignore_errors=True)  # --no-resume in the same run dir: the demos are redone
+    tmp.rename(final)
+    return final
 
 
 def exploitability(model: Any, tok: Any, games: Sequence[str], temperature: float = 1.0) -> dict[str, float]:
