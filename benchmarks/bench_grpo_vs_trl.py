@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import statistics
 import sys
@@ -180,21 +181,18 @@ def bench_ludic(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int
            "engine": f"TransformersEngine max_batch_size={engine.max_batch_size}",
            "algorithm": algo.describe(), "trainer": dataclasses.asdict(tcfg)}
     show("Ludic", cfg)
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
     times, generated, trained, split = [], [], [], []
     table = None
     for k in range(steps + 1):
-        prof = None
-        if profile and k == steps:
-            from torch.profiler import ProfilerActivity
-            from torch.profiler import profile as torch_profile
-
-            prof = torch_profile(activities=[ProfilerActivity.CPU])
-            prof.__enter__()
-        t0 = time.perf_counter()
-        m = asyncio.run(trainer.train_step())
-        times.append(time.perf_counter() - t0)
-        if prof is not None:
-            prof.__exit__(None, None, None)
+        profiled = profile and k == steps
+        with (torch_profile(activities=[ProfilerActivity.CPU]) if profiled else contextlib.nullcontext()) as prof:
+            t0 = time.perf_counter()
+            m = asyncio.run(trainer.train_step())
+            times.append(time.perf_counter() - t0)
+        if profiled:
             table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
         generated.append(sum(len(s.trace.completion_ids) for r in source.last_rollouts for s in r.steps if s.trace))
         trained.append(int(m["action_tokens"]))

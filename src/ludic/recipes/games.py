@@ -385,25 +385,16 @@ FORMAT_DEMO_EPISODES = 16
 async def run_format_demos(cfg: Any, model: Any, tok: Any, run_dir: Path) -> Path:
     """``cfg.format_demos`` SFT steps on the format demos (``FORMAT_DEMO_EPISODES`` episodes' turns
     each), then the merged weights saved to ``<run_dir>/format_sft`` (returned)."""
-    from dataclasses import replace
+    import shutil
 
-    from ludic.data.offline import OfflineBatchSource
-    from ludic.training.algorithms import make_sft
-    from ludic.training.loggers import RichLogger, logger_names
+    from ludic.recipes.sft import demo_sft
     from ludic.training.lora import save_merged_base
-    from ludic.training.trainer import Trainer
 
     items = await format_demo_items(cfg, tok, cfg.format_demos * FORMAT_DEMO_EPISODES, cfg.seed + 7)
     batch = max(1, len(items) // cfg.format_demos)
-    console = (RichLogger(cfg.format_demos, desc="format demos")
-               if {"rich", "print"} & set(logger_names(cfg.logger)) else None)
-    sft = Trainer(model, make_sft(), OfflineBatchSource(items, batch, seed=cfg.seed),
-                  replace(cfg.trainer, lr=cfg.format_demo_lr, total_steps=cfg.format_demos, lr_schedule="cosine",
-                          ppo_epochs=1, num_minibatches=1, kl_target=None, checkpoint_every=0),
-                  logger=console, tokenizer=tok, pad_token_id=tok.pad_token_id)
     print(f"[games] format demos: {len(items)} teacher turns, {cfg.format_demos} SFT steps of {batch}", flush=True)
-    await sft.train(cfg.format_demos)
-    import shutil
+    await demo_sft(model, tok, items, steps=cfg.format_demos, batch=batch, lr=cfg.format_demo_lr, trainer=cfg.trainer,
+                   logger=cfg.logger, desc="format demos", seed=cfg.seed)
 
     final, tmp = run_dir / "format_sft", run_dir / "format_sft.tmp"
     shutil.rmtree(tmp, ignore_errors=True)  # a crash mid-save leaves it

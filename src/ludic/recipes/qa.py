@@ -276,21 +276,13 @@ class TrainQAConfig:
 async def run_tool_demos(cfg: "TrainQAConfig", model: Any, tok: Any, records: Sequence[dict], publisher: Any) -> None:
     """The SFT cold start of ``--tool-demos``: teacher transcripts on the training records, uniform NLL on
     the teacher's tokens, ``cfg.tool_demos`` steps of ``prompts_per_step`` x group_size items."""
-    from ludic.data.offline import OfflineBatchSource
-    from ludic.training.algorithms import make_sft
-    from ludic.training.trainer import Trainer
+    from ludic.recipes.sft import demo_sft
 
     items = await tool_demo_items(cfg.qa, records[: max(64, cfg.tool_demos * cfg.prompts_per_step)], tok)
     batch = cfg.prompts_per_step * 2  # a tool call and an answer per record
-    from ludic.training.loggers import RichLogger, logger_names
-
-    console = (RichLogger(cfg.tool_demos, desc="tool demos")
-               if {"rich", "print"} & set(logger_names(cfg.logger)) else None)  # the steps on the console only
-    sft = Trainer(model, make_sft(), OfflineBatchSource(items, batch, seed=cfg.seed),
-                  replace(cfg.trainer, lr=cfg.tool_demo_lr, total_steps=cfg.tool_demos, lr_schedule="cosine"),
-                  publisher=publisher, logger=console, tokenizer=tok, pad_token_id=tok.pad_token_id)
     print(f"[qa] tool demos: {len(items)} teacher turns, {cfg.tool_demos} SFT steps", flush=True)
-    await sft.train(cfg.tool_demos)
+    await demo_sft(model, tok, items, steps=cfg.tool_demos, batch=batch, lr=cfg.tool_demo_lr, trainer=cfg.trainer,
+                   logger=cfg.logger, desc="tool demos", seed=cfg.seed, publisher=publisher)
 
 
 def train_qa(cfg: TrainQAConfig) -> dict[str, Any]:

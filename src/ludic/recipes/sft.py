@@ -129,3 +129,22 @@ async def sft_stage(
             model.save_pretrained(final, **({"state_dict": state} if state is not None else {}))
             tok.save_pretrained(final)
     return last
+
+
+async def demo_sft(model: Any, tok: Any, items: list, *, steps: int, batch: int, lr: float, trainer: TrainerConfig,
+                   logger: str, desc: str, seed: int, publisher: Any = None) -> None:
+    """A short SFT cold start on teacher demonstrations (``--tool-demos``, ``--format-demos``):
+    ``steps`` optimizer steps of ``batch`` items, uniform NLL on the teacher's tokens, cosine decay
+    from ``lr``, one pass per batch, no checkpoints. ``trainer`` gives the rest (micro-batch budget,
+    clipping, ...). The steps show on the console when ``logger`` names rich or print."""
+    from ludic.data.offline import OfflineBatchSource
+    from ludic.training.algorithms import make_sft
+    from ludic.training.loggers import RichLogger, logger_names
+    from ludic.training.trainer import Trainer
+
+    console = RichLogger(steps, desc=desc) if {"rich", "print"} & set(logger_names(logger)) else None
+    tcfg = replace(trainer, lr=lr, total_steps=steps, lr_schedule="cosine", ppo_epochs=1, num_minibatches=1,
+                   kl_target=None, checkpoint_every=0)
+    sft = Trainer(model, make_sft(), OfflineBatchSource(items, batch, seed=seed), tcfg, publisher=publisher,
+                  logger=console, tokenizer=tok, pad_token_id=tok.pad_token_id)
+    await sft.train(steps)
