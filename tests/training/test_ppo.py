@@ -41,6 +41,41 @@ def test_gae_by_hand():
         GAE().compute([r])
 
 
+def _turn(prompt, reward):
+    """A one-turn rollout whose state is ``prompt`` (token ids)."""
+    step = Step(0, "o", "a", "a", None, reward, trace=TokenTrace(tuple(prompt), (2, 3), (-1.0, -2.0), (0, 0)))
+    return Rollout(steps=[step], meta={"agent_id": "a"})
+
+
+def test_gae_state_baseline_is_the_leave_one_out_mean_of_the_same_state():
+    """baseline="state": a turn's baseline is the mean return-to-go of the batch's other turns from the
+    same prompt (information state), not the critic; a state seen once falls back to the critic."""
+    a1, a2, a3 = _turn((1, 7), 1.0), _turn((1, 7), 0.0), _turn((1, 7), 0.5)
+    b1, b2 = _turn((1, 8), 0.25), _turn((1, 8), 0.75)
+    c = _turn((1, 9), 1.0)
+    rs = [a1, a2, a3, b1, b2, c]
+    v = {(r.id, 0): 0.4 for r in rs}
+    gae = GAE(lambda rs: v, gamma=1.0, lam=0.95, normalize=False, baseline="state")
+    w = gae.compute(rs)
+    assert [w[(r.id, 0)] for r in rs] == pytest.approx(
+        [1.0 - 0.25, 0.0 - 0.75, 0.5 - 0.5, 0.25 - 0.75, 0.75 - 0.25, 1.0 - 0.4])
+    # the critic still learns the return: value targets are the returns, value_old the critic's
+    assert gae.step_extras[(a2.id, 0)] == pytest.approx({"value_old": 0.4, "value_target": 0.0})
+    # multi-turn: the return-to-go of each turn (gamma), each turn against its own state's others
+    m1 = Rollout(steps=[Step(0, "o", "a", "a", None, 0.0, trace=TokenTrace((5,), (2,), (-1.0,), (0,))),
+                        Step(1, "o", "a", "a", None, 1.0, trace=TokenTrace((6,), (2,), (-1.0,), (0,)))],
+                 meta={"agent_id": "a"})
+    m2 = Rollout(steps=[Step(0, "o", "a", "a", None, 0.0, trace=TokenTrace((5,), (2,), (-1.0,), (0,)))],
+                 meta={"agent_id": "a"})
+    vm = {(m1.id, 0): 0.1, (m1.id, 1): 0.2, (m2.id, 0): 0.3}
+    wm = GAE(lambda rs: vm, gamma=0.5, normalize=False, baseline="state").compute([m1, m2])
+    assert wm[(m1.id, 0)] == pytest.approx(0.5 - 0.0)    # G = 0 + 0.5 * 1, baseline: m2's G = 0
+    assert wm[(m2.id, 0)] == pytest.approx(0.0 - 0.5)
+    assert wm[(m1.id, 1)] == pytest.approx(1.0 - 0.2)    # alone in its state: the critic
+    with pytest.raises(ValueError, match="baseline"):
+        GAE(lambda rs: v, baseline="group")
+
+
 def test_clipped_value_loss_by_hand():
     logp = torch.tensor([-1.0, -1.0], requires_grad=True)
     v = torch.tensor([0.5, 1.0], requires_grad=True)

@@ -79,6 +79,10 @@ class TrainGamesConfig:
     """Context: last (the rules and the current turn) or full (the whole conversation)."""
     gamma: float = 1.0
     lam: float = 0.95
+    baseline: str = "value"
+    """Advantage baseline: value (the critic, GAE) or state (the batch's leave-one-out mean return of
+    the same prompt, i.e. information state, where it recurs; the critic elsewhere). state suits
+    small games, where the batch visits each state many times."""
     vf_coef: float = 0.1
     kl_coef: float = 0.2
     """Initial KL coefficient to the reference (the adapter disabled)."""
@@ -404,8 +408,10 @@ async def run_format_demos(cfg: Any, model: Any, tok: Any, run_dir: Path) -> Pat
     return final
 
 
-def exploitability(model: Any, tok: Any, games: Sequence[str], temperature: float = 1.0) -> dict[str, float]:
-    """NashConv of the model's policy on each game of ``games`` that is in ``EXPLOITABILITY_GAMES``."""
+def exploitability(model: Any, tok: Any, games: Sequence[str], temperature: float = 1.0,
+                   tables: dict[str, Any] | None = None) -> dict[str, float]:
+    """NashConv of the model's policy on each game of ``games`` that is in ``EXPLOITABILITY_GAMES``
+    (and, into ``tables`` if given, the policy table it was computed from, per game)."""
     from ludic.envs.openspiel import OpenSpielEnv
     from ludic.eval.games import nash_conv, policy_table
 
@@ -413,7 +419,10 @@ def exploitability(model: Any, tok: Any, games: Sequence[str], temperature: floa
     for g in games:
         if g in EXPLOITABILITY_GAMES:
             env = OpenSpielEnv(game=g)
-            out[f"nash_conv/{g}"] = nash_conv(env.game, policy_table(env, model, tok, temperature=temperature))
+            table = policy_table(env, model, tok, temperature=temperature)
+            out[f"nash_conv/{g}"] = nash_conv(env.game, table)
+            if tables is not None:
+                tables[g] = table
     return out
 
 
@@ -471,7 +480,7 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
     attach_value_head(model)
     engine = TransformersEngine(model, tok)
     algo = make_ppo(ValueFunction(model, tok.pad_token_id), gamma=cfg.gamma, lam=cfg.lam, vf_coef=cfg.vf_coef,
-                    kl_coef=cfg.kl_coef, clip_low=cfg.clip, clip_high=cfg.clip, value_clip=cfg.value_clip)
+                    kl_coef=cfg.kl_coef, baseline=cfg.baseline, clip_low=cfg.clip, clip_high=cfg.clip, value_clip=cfg.value_clip)
     rollouts = RolloutEngine(protocols(engine, cfg, cfg.temperature), concurrency=cfg.concurrency,
                              jsonl_path=run_dir / "rollouts.jsonl")
     league = None
@@ -495,8 +504,11 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
         league.maybe_snapshot(model, trainer.step)
 
     def measure(step: int) -> None:
-        ex = exploitability(model, tok, names, cfg.temperature)
+        tables: dict[str, Any] = {}
+        ex = exploitability(model, tok, names, cfg.temperature, tables)
         if ex:
+            with (run_dir / "policy_tables.jsonl").open("a") as f:  # what the NashConv was computed from
+                f.write(json.dumps({"step": step, "tables": tables}) + "\n")
             curve.append({"step": step, **ex})
             logger.log(step, ex)
             print(f"[games] step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in ex.items()), flush=True)

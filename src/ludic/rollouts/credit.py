@@ -154,24 +154,36 @@ class GAE:
     the items' meta through ``step_extras``, for the clipped value loss. A truncated episode
     (max turns) is bootstrapped with 0, as a terminal one.
 
+    ``baseline="state"`` replaces the critic as the baseline where the batch can do better: a
+    turn's advantage is its return-to-go G_t minus the mean G of the batch's *other* turns from the
+    same prompt (the same information state; leave-one-out, so it does not depend on the turn's own
+    action). A state seen once in the batch falls back to G_t - V_t. For small games (kuhn_poker has
+    12 information states) this is an exact Monte-Carlo state baseline from the first step, while a
+    linear head on the hidden state needs many steps to tell the states apart; the critic still
+    trains on G_t. lam plays no part there (the returns are Monte-Carlo).
+
     Args:
         values: the value pass (``ValueFunction(model, pad_id)``), called once per batch.
         gamma, lam: discount and GAE lambda.
         normalize: scale the batch's advantages to mean 0, std 1 (value targets are not scaled).
+        baseline: "value" (the critic, GAE) or "state" (leave-one-out mean return of the same prompt).
     """
 
     needs_turn_items = True
     """Items must be one per turn (``merge_turns=False``): each has its own value and target."""
 
     def __init__(self, values: StepValues | None = None, gamma: float = 1.0, lam: float = 0.95,
-                 normalize: bool = True) -> None:
+                 normalize: bool = True, baseline: str = "value") -> None:
         if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
             raise ValueError(f"GAE needs 0 <= gamma, lam <= 1, got gamma={gamma}, lam={lam}")
+        if baseline not in ("value", "state"):
+            raise ValueError(f"GAE baseline must be 'value' (the critic) or 'state' (per-prompt mean), got {baseline!r}")
         self.values, self.gamma, self.lam, self.normalize = values, gamma, lam, normalize
+        self.baseline = baseline
         self.step_extras: dict[StepKey, dict[str, float]] = {}
 
     def __repr__(self) -> str:
-        return f"GAE(gamma={self.gamma}, lam={self.lam}, normalize={self.normalize})"
+        return f"GAE(gamma={self.gamma}, lam={self.lam}, normalize={self.normalize}, baseline={self.baseline!r})"
 
     def compute(self, rollouts: Sequence[Rollout]) -> dict[StepKey, float]:
         if self.values is None:
@@ -193,6 +205,8 @@ class GAE:
                 out[key] = adv
                 self.step_extras[key] = {"value_old": v[key], "value_target": adv + v[key]}
                 nxt = v[key]
+        if self.baseline == "state":
+            self._state_baseline(rollouts, v, out)
         if self.normalize and self.step_extras:
             xs = [out[k] for k in self.step_extras]
             mean = sum(xs) / len(xs)
@@ -200,6 +214,29 @@ class GAE:
             for k in self.step_extras:
                 out[k] = (out[k] - mean) / (std + 1e-8)
         return out
+
+
+    def _state_baseline(self, rollouts: Sequence[Rollout], v: dict[StepKey, float], out: dict[StepKey, float]) -> None:
+        """Overwrite ``out`` (and the value targets) with G_t - (leave-one-out mean G of the same prompt)."""
+        ret: dict[StepKey, float] = {}
+        states: dict[tuple, list[StepKey]] = defaultdict(list)
+        for r in rollouts:
+            g, carried = 0.0, 0.0
+            for s in reversed(r.steps):
+                key = (r.id, s.index)
+                if key not in self.step_extras:  # untrained turn: its reward goes to the turn before
+                    carried += s.reward
+                    continue
+                g = s.reward + carried + self.gamma * g
+                carried = 0.0
+                ret[key] = g
+                states[tuple(s.trace.prompt_ids)].append(key)
+        for keys in states.values():
+            total = sum(ret[k] for k in keys)
+            for k in keys:
+                base = (total - ret[k]) / (len(keys) - 1) if len(keys) > 1 else v[k]
+                out[k] = ret[k] - base
+                self.step_extras[k] = {"value_old": v[k], "value_target": ret[k]}
 
 
 def make_credit(name: str, **kwargs) -> CreditAssigner:

@@ -79,13 +79,14 @@ def make_reinforce_baseline(gamma: float = 1.0, *, normalize_std: bool = False, 
 
 
 def make_ppo(values: Any = None, *, gamma: float = 1.0, lam: float = 0.95, vf_coef: float = 0.1,
-             kl_coef: float = 0.2, **loss: Any) -> Algorithm:
+             kl_coef: float = 0.2, baseline: str = "value", **loss: Any) -> Algorithm:
     """PPO with a critic: GAE over per-turn rewards (``values``: the learner's value pass,
     ``ValueFunction(model, pad_id)`` on a model with ``attach_value_head``), the token-level
     clipped objective, the clipped value loss and a KL penalty to the reference (adapters off).
-    Items must be one per turn (``RolloutBatchSource(merge_turns=False)``)."""
+    Items must be one per turn (``RolloutBatchSource(merge_turns=False)``). ``baseline="state"``:
+    the batch's per-information-state mean return is the baseline where a state recurs (``GAE``)."""
     cfg = LossConfig(kind="ppo", aggregation="token", vf_coef=vf_coef, kl_coef=kl_coef, **loss)
-    return Algorithm("ppo", GAE(values, gamma, lam), cfg)
+    return Algorithm("ppo", GAE(values, gamma, lam, baseline=baseline), cfg)
 
 
 def make_sft(**loss: Any) -> Algorithm:
