@@ -7,6 +7,7 @@
     ludic train games [flags]         PPO (value head, GAE, adaptive KL) + LoRA on OpenSpiel games
     ludic eval games [flags]          score / success / invalid answers per game (--exploitability: NashConv)
     ludic train tictactoe --pipeline N  pipeline RL: Redis, N actor processes, this one learns
+    ludic train tictactoe --overlap     the same in one process: an actor thread, max_lag 1
     ludic actor tictactoe [flags]     pipeline actor: roll out, push to Redis, follow the weights
     ludic learner tictactoe [flags]   pipeline learner: train on Redis batches, checkpoint, announce
     ludic eval tictactoe [flags]      win / draw / loss / illegal / parse-error rates (--exact: enumerated)
@@ -34,7 +35,7 @@ def _train_tictactoe(argv: list[str]) -> None:
     from ludic.recipes.tictactoe import TrainTicTacToeConfig, train
 
     cfg = parse_config(TrainTicTacToeConfig, argv, prog="ludic train tictactoe")
-    if cfg.pipeline:
+    if cfg.pipeline or cfg.overlap:
         from ludic.recipes.tictactoe_pipeline import run_local
 
         metrics = run_local(cfg)

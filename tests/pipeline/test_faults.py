@@ -191,6 +191,50 @@ def test_local_topology_command(redis_server, tiny_model_dir, tmp_path):
     assert (tmp_path / "run" / "actors" / "a0" / "actor-a0.jsonl").exists()
 
 
+def test_overlap_in_one_process(redis_server, tiny_model_dir, tmp_path):
+    """``--overlap``: the pipeline with max_lag 1 in one process. An actor thread (its own copy of the
+    model) samples batch k+1 while the learner trains on batch k; every id is accounted for, the
+    trained items are at most one version old, and the thread is gone at the end."""
+    import threading
+
+    from ludic.recipes.tictactoe_pipeline import run_local
+
+    run_dir = tmp_path / "run"
+    cfg = replace(config(tiny_model_dir, redis_server.url, run_dir, steps=3), overlap=True, stream_prefix="ov",
+                  trainer=TrainerConfig(lr=1e-4, checkpoint_every=1, max_to_keep=2))
+    out = run_local(cfg)
+    assert out["step"] == 3
+    assert not [t for t in threading.enumerate() if t.name == "ludic-overlap-actor"], "the actor thread outlived the run"
+    logged = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["pipeline_lag_max"] for m in logged][0] == 0  # the first batch: the starting weights
+    assert all(m["pipeline_lag_max"] <= 1 for m in logged)  # (whether a batch is 0 or 1 behind is a race)
+    streams = PipelineStreams(redis_server.url, prefix="ov")
+    sets = audit(streams, run_dir, run_dir / "actors", set())
+    assert sets["trained"] and not sets["stale"]
+    # one batch ahead at most: what the learner has not trained is at most one batch (+ one in flight)
+    assert len(sets["pending"] | sets["undelivered"]) <= 2 * cfg.rollouts_per_update * 9
+
+
+def test_a_failed_overlap_actor_stops_the_learner_with_its_error(redis_server):
+    """The learner waiting for a batch does not hang on a dead actor thread: it raises the actor's error."""
+    import asyncio
+
+    from ludic.pipeline.actor import ActorThread
+    from ludic.pipeline.source import PipelineBatchSource
+    from ludic.pipeline.streams import SampleReader
+
+    async def broken() -> None:
+        await asyncio.sleep(0.1)
+        raise ValueError("boom: the actor's model did not load")
+
+    thread = ActorThread(broken).start()
+    streams = PipelineStreams(redis_server.url, prefix="ov-dead")
+    source = PipelineBatchSource(SampleReader(streams), 2, block_ms=100, health_fn=thread.check)
+    with pytest.raises(RuntimeError, match="in-process actor failed.*boom"):
+        asyncio.run(source.next_batch())
+    thread.stop()
+
+
 def test_redis_kill_9_mid_run(redis_server, tiny_model_dir, tmp_path):
     """kill -9 Redis while an actor and the learner run; restart it on the same AOF (appendfsync
     always): both wait for it (client retries) and go on; nothing acknowledged or pending is lost."""

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,12 @@ def load_tokenizer(name: str | None) -> Any:
     return tok
 
 
+_LOAD_LOCK = threading.Lock()
+"""transformers' loading is not thread-safe: two threads of one process loading at once (the learner
+and its ``--overlap`` actor) met a meta-device context left by the other ("Cannot copy out of meta
+tensor"). Loads in one process are serialised."""
+
+
 def load_model(name: str | None, dtype: str = "auto", device: str = "cpu") -> Any:
     """Load a causal LM (packaged default, local folder or hub id) in ``dtype`` ("auto" picks)."""
     import torch
@@ -155,10 +162,11 @@ def load_model(name: str | None, dtype: str = "auto", device: str = "cpu") -> An
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_model(name), dtype=getattr(torch, resolve_dtype(dtype, device)), attn_implementation="sdpa"
-    )
-    return model.to(device)
+    with _LOAD_LOCK:
+        model = AutoModelForCausalLM.from_pretrained(
+            resolve_model(name), dtype=getattr(torch, resolve_dtype(dtype, device)), attn_implementation="sdpa"
+        )
+        return model.to(device)
 
 
 def make_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int = 2) -> Path:

@@ -15,6 +15,9 @@ checkpoint holding their step is on disk.
     actor = Actor(streams, rollout_source, engine,    trainer = make_learner(model, tok, algo, cfg,
                   model=model)                                               streams, run_dir, batch_size=32)
     await actor.run()                                 trainer.resume(); await trainer.train(steps)
+
+``ActorThread`` runs an actor on a thread of the learner's process (``--overlap``: the pipeline with
+max_lag 1 in one process, generation of batch k+1 overlapping the optimizer step on batch k).
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from ludic.inference.publish import prune_versions
 from ludic.pipeline.source import PipelineBatchSource
@@ -245,6 +249,7 @@ class Actor:
                     follow.result()
                     raise RuntimeError("the weight follower stopped")
                 await asyncio.to_thread(self.writer.wait_for_room)
+                await self.follower.catch_up()  # the newest announced weights sample this batch
                 batch = await self.source.next_batch()
                 items = [replace(it, meta={**it.meta, "actor": self.actor_id}) for it in batch.items]
                 ids = await asyncio.to_thread(self.writer.push, items, wait=False)
@@ -259,15 +264,86 @@ class Actor:
             follow.cancel()
 
 
+class ActorThread:
+    """An actor coroutine on its own thread and event loop, in the learner's process.
+
+    The learner's ``PipelineBatchSource`` takes ``health_fn=thread.check``, so a failed actor stops
+    the learner with the actor's error instead of leaving it waiting for batches; ``stop`` cancels
+    the coroutine (its ``finally`` blocks run) and joins the thread.
+    """
+
+    def __init__(self, make_coro: Callable[[], Awaitable[Any]], name: str = "ludic-overlap-actor") -> None:
+        self.make_coro, self.name = make_coro, name
+        self.error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._ready = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._main, name=name, daemon=True)
+
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        try:
+            self._task = loop.create_task(self.make_coro())
+            self._ready.set()
+            loop.run_until_complete(self._task)
+        except asyncio.CancelledError:
+            pass
+        except BaseException as e:  # noqa: BLE001 - reported to the learner by check()
+            self.error = e
+            log.exception("in-process actor failed")
+        finally:
+            self._ready.set()
+            try:  # as asyncio.run does: the engine's own tasks are cancelled and awaited, not dropped
+                rest = asyncio.all_tasks(loop)
+                for t in rest:
+                    t.cancel()
+                if rest:
+                    loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                asyncio.set_event_loop(None)
+                loop.close()
+
+    def start(self) -> "ActorThread":
+        self._thread.start()
+        self._ready.wait()
+        return self
+
+    def check(self) -> None:
+        """Raise if the actor failed or stopped while the learner still expects its batches."""
+        if self.error is not None:
+            raise RuntimeError(f"the in-process actor failed: {self.error!r}") from self.error
+        if not self._thread.is_alive() and not self._stopping:
+            raise RuntimeError("the in-process actor stopped before the learner finished")
+
+    def stop(self, timeout_s: float = 120.0) -> None:
+        """Cancel the actor and wait for its thread (the learner is done)."""
+        self._stopping = True
+        loop, task = self._loop, self._task
+        if task is not None and loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop closed in between: the thread is ending anyway
+                pass
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the in-process actor thread did not stop within {timeout_s}s")
+
+
 # --------------------------------------------------------------------------- learner
 
 
 def make_learner(model: Any, tokenizer: Any, algorithm: Any, cfg: Any, streams: PipelineStreams, run_dir: str | Path,
                  *, batch_size: int, inner_publisher: Any = None, logger: Any = None,
-                 timeout_s: float | None = None, weights_transport: str = "redis") -> Any:
+                 timeout_s: float | None = None, weights_transport: str = "redis",
+                 health_fn: Callable[[], None] | None = None) -> Any:
     """A ``Trainer`` over the sample stream: batches of ``batch_size`` episodes (``cfg.max_lag``
     drops stale ones), checkpoints in ``run_dir/checkpoints`` (each acknowledges its entries and
-    appends to ``pipeline_ledger.jsonl`` there), weights announced after every publish."""
+    appends to ``pipeline_ledger.jsonl`` there), weights announced after every publish.
+    ``health_fn`` (e.g. ``ActorThread.check``) is called while a batch is awaited and may raise."""
     from ludic.training.trainer import Trainer
 
     run_dir = Path(run_dir)
@@ -277,5 +353,6 @@ def make_learner(model: Any, tokenizer: Any, algorithm: Any, cfg: Any, streams: 
                       tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id)
     trainer.source = PipelineBatchSource(SampleReader(streams, consumer="learner"), batch_size,
                                          version_fn=lambda: trainer.policy_version, max_lag=cfg.max_lag,
-                                         ledger_path=ckpt / "pipeline_ledger.jsonl", timeout_s=timeout_s)
+                                         ledger_path=ckpt / "pipeline_ledger.jsonl", timeout_s=timeout_s,
+                                         health_fn=health_fn)
     return trainer

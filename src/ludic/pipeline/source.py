@@ -54,16 +54,19 @@ class PipelineBatchSource:
         timeout_s: give up (TimeoutError) when a batch is not complete after this long
             (None: wait for the actors forever).
         ledger_path: JSONL of what each checkpoint consumed (None: no ledger).
+        health_fn: called before every read while a batch is incomplete; raises when the producer
+            is known to be dead (an in-process actor thread), so the learner fails instead of waiting.
     """
 
     def __init__(self, reader: SampleReader, batch_size: int, *, version_fn: Callable[[], int] = lambda: 0,
                  max_lag: int | None = None, block_ms: int = 500, timeout_s: float | None = None,
-                 ledger_path: str | Path | None = None) -> None:
+                 ledger_path: str | Path | None = None, health_fn: Callable[[], None] | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.reader, self.batch_size, self.version_fn = reader, batch_size, version_fn
         self.max_lag, self.block_ms, self.timeout_s = max_lag, block_ms, timeout_s
         self.ledger_path = Path(ledger_path) if ledger_path else None
+        self.health_fn = health_fn
         self.window = _empty_window()
         self.commit = 0  # checkpoints whose entries were acknowledged
         self._ledger: tuple[int, bool] | None = None  # (last commit in the ledger, torn tail), once read
@@ -81,6 +84,8 @@ class PipelineBatchSource:
             if self.timeout_s is not None and time.perf_counter() - t0 > self.timeout_s:
                 raise TimeoutError(f"PipelineBatchSource: {episodes:g} of {self.batch_size} episodes after "
                                    f"{self.timeout_s}s (are the actors running?)")
+            if self.health_fn is not None:
+                self.health_fn()
             want = max(1, math.floor(self.batch_size - episodes))  # never more than the batch still needs
             rows = await asyncio.to_thread(self.reader.read, want, self.block_ms)
             version = self.version_fn()

@@ -125,8 +125,12 @@ class TrainTicTacToeConfig:
     pipeline: int = 0
     """Pipeline RL: this many actor processes roll out and push to Redis while this process
     learns (0: synchronous). ``ludic actor`` / ``ludic learner`` run the parts on other hosts."""
+    overlap: bool = False
+    """One process, one-step off-policy: an actor thread with its own copy of the model samples
+    batch k+1 while this thread trains on batch k (the pipeline with --max-lag 1 unless given, one
+    batch ahead at most; a local redis-server carries samples and weights unless --redis-url)."""
     redis_url: str = ""
-    """The pipeline's Redis (empty with --pipeline: start a redis-server in <run_dir>/redis)."""
+    """The pipeline's Redis (empty with --pipeline or --overlap: start a redis-server in <run_dir>/redis)."""
     stream_prefix: str = "ludic-tictactoe"
     """Namespaces the run's Redis keys."""
     max_unread: int = 64

@@ -69,11 +69,11 @@ async def _run_actor(cfg: TrainTicTacToeConfig) -> int:
     return pushed
 
 
-def run_learner(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
-    return asyncio.run(_run_learner(cfg))
+def run_learner(cfg: TrainTicTacToeConfig, health_fn: Any = None) -> dict[str, Any]:
+    return asyncio.run(_run_learner(cfg, health_fn))
 
 
-async def _run_learner(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
+async def _run_learner(cfg: TrainTicTacToeConfig, health_fn: Any = None) -> dict[str, Any]:
     from ludic.config import dump_config
     from ludic.pipeline.actor import make_learner
     from ludic.training.algorithms import algorithm_for
@@ -95,7 +95,8 @@ async def _run_learner(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
         inner = (VLLMFullWeightsPublisher([url], run_dir / "server_weights") if cfg.full_finetune
                  else VLLMAdapterPublisher([url], run_dir / "server_adapters"))
     trainer = make_learner(model, tok, algo, tcfg, streams, run_dir, batch_size=cfg.rollouts_per_update,
-                           logger=logger, timeout_s=cfg.batch_timeout_s or None, inner_publisher=inner)
+                           logger=logger, timeout_s=cfg.batch_timeout_s or None, inner_publisher=inner,
+                           health_fn=health_fn)
     if cfg.resume and trainer.resume():
         print(f"[learner] resumed from step {trainer.step} in {run_dir}", flush=True)
     last: dict[str, Any] = {}
@@ -114,11 +115,20 @@ async def _run_learner(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
 
 def run_local(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
     """``ludic train tictactoe --pipeline N``: Redis (``cfg.redis_url`` or a local server in
-    ``<run_dir>/redis``), N actor processes (logs in ``<run_dir>/actors``), the learner here."""
+    ``<run_dir>/redis``), N actor processes (logs in ``<run_dir>/actors``), the learner here.
+    ``--overlap``: one actor on a thread of this process instead (``ActorThread``), one batch ahead
+    of the learner (max_unread 1) and max_lag 1 unless --max-lag says otherwise."""
+    from ludic.pipeline.actor import ActorThread
     from ludic.pipeline.redis_server import RedisServer
 
-    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(f"tictactoe-pipeline-{cfg.algorithm}")
+    if cfg.overlap and cfg.pipeline:
+        raise ValueError(f"--overlap runs one actor thread in this process; --pipeline {cfg.pipeline} runs actor "
+                         "processes: choose one")
+    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(
+        f"tictactoe-{'overlap' if cfg.overlap else 'pipeline'}-{cfg.algorithm}")
     cfg = replace(cfg, run_dir=str(run_dir))
+    if cfg.overlap and cfg.trainer.max_lag is None:
+        cfg = replace(cfg, trainer=replace(cfg.trainer, max_lag=1))
     server = vllm = None
     if not cfg.redis_url:
         server = RedisServer(run_dir / "redis").start()
@@ -130,11 +140,20 @@ def run_local(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
                                  log_path=run_dir / "vllm_server.log", dtype=cfg.dtype, allowed_dirs=[run_dir]).start()
         cfg = replace(cfg, port=vllm.port)
     actors: list[subprocess.Popen] = []
+    thread = None
     try:
         for k in range(cfg.pipeline):
             actors.append(spawn_actor(cfg, f"a{k}", run_dir / "actors" / f"a{k}"))
-        return run_learner(cfg)
+        if cfg.overlap:
+            actor_dir = run_dir / "actors" / "overlap"
+            actor_dir.mkdir(parents=True, exist_ok=True)
+            actor_cfg = replace(cfg, actor_id="overlap", run_dir=str(actor_dir), overlap=False, logger="none",
+                                max_unread=1)  # sample the next batch only once the learner took this one
+            thread = ActorThread(lambda: _run_actor(actor_cfg)).start()
+        return run_learner(cfg, health_fn=thread.check if thread else None)
     finally:
+        if thread is not None:
+            thread.stop()
         for p in actors:
             p.terminate()
         for p in actors:
