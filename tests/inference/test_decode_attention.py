@@ -1,6 +1,6 @@
 """Decode-step attention on CPU in bf16 runs in fp32 (``ludic.inference.models.cpu_bf16_attention``):
 torch's bf16 SDPA kernel on CPU took 0.9-1.1 ms per call for one query token against 160 keys
-(16 rows x 9 heads), fp32 0.14 ms; that was a quarter of the GRPO benchmark's generation time.
+(16 rows x 9 heads), the fp32 grouped-head path 0.21 ms: a quarter of the GRPO benchmark's generation.
 Prefill and training (more than one query token) keep the plain sdpa path, bit for bit."""
 
 from types import SimpleNamespace
@@ -12,18 +12,27 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from ludic.inference.models import CPU_BF16_ATTENTION, cpu_bf16_attention, load_model
 
 
-def _qkv(q_len: int, kv_len: int, dtype=torch.bfloat16):
+def _qkv(q_len: int, kv_len: int, dtype=torch.bfloat16, heads: int = 4, kv_heads: int = 4):
     g = torch.Generator().manual_seed(q_len)
-    return [torch.randn(2, 4, n, 16, generator=g).to(dtype) for n in (q_len, kv_len, kv_len)]
+    return [torch.randn(2, hh, n, 16, generator=g).to(dtype)
+            for hh, n in ((heads, q_len), (kv_heads, kv_len), (kv_heads, kv_len))]
 
 
 def test_a_decode_step_is_computed_in_fp32_and_returned_in_bf16():
-    module = SimpleNamespace(num_key_value_groups=1, is_causal=True)
-    q, k, v = _qkv(1, 37)
-    out, _ = cpu_bf16_attention(module, q, k, v, None, scaling=0.25)
-    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.25).transpose(1, 2)
-    assert out.dtype == torch.bfloat16
-    assert torch.equal(out, ref.to(torch.bfloat16))
+    """Grouped query heads (6 query, 2 key/value) and a padding mask, against fp32 sdpa."""
+    module = SimpleNamespace(num_key_value_groups=3, is_causal=True)
+    q, k, v = _qkv(1, 37, heads=6, kv_heads=2)
+    mask = torch.ones(2, 1, 1, 37, dtype=torch.bool)
+    mask[0, :, :, :11] = False  # row 0 is left-padded
+    out, _ = cpu_bf16_attention(module, q, k, v, mask, scaling=0.25)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=0.25,
+                                         enable_gqa=True).transpose(1, 2)
+    assert out.dtype == torch.bfloat16 and out.shape == (2, 1, 6, 16)
+    assert (out.float() - ref).abs().max() <= 4e-3  # fp32 math, one bf16 rounding at the end
+    bf16, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=0.25)
+    assert (out.float() - ref).abs().max() <= (bf16.float() - ref).abs().max() + 1e-6
+    additive = torch.zeros(2, 1, 1, 37).masked_fill(~mask, float("-inf"))
+    assert torch.equal(cpu_bf16_attention(module, q, k, v, additive, scaling=0.25)[0], out)
 
 
 def test_more_than_one_query_token_is_plain_sdpa_bit_for_bit():
