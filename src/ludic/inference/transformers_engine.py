@@ -49,6 +49,12 @@ class TransformersEngine:
         tokenizer: its tokenizer (chat template required for message prompts).
         max_batch_size: most sequences per generation batch.
         batch_wait_s: how long to wait for more requests before starting a batch.
+        cast_adapters: sample from a view of the model whose LoRA weights are in the base weights'
+            dtype (bf16), refreshed from the trained (fp32) adapters before every batch (about 9 ms for
+            r16 on every linear of SmolLM2-135M). peft otherwise casts each layer's input to fp32 and
+            back, which cost 15-20% of a decode step. The base weights and every other tensor are
+            shared with the model, not copied. Off, or nothing to do, when the adapters already have
+            the base dtype (an fp32 model) or there are none.
     """
 
     def __init__(
@@ -59,8 +65,11 @@ class TransformersEngine:
         max_batch_size: int = 64,
         batch_wait_s: float = 0.01,
         device: str | None = None,
+        cast_adapters: bool = True,
     ) -> None:
         self.model = model
+        self.cast_adapters = cast_adapters
+        self._decoder: tuple[Any, list[torch.Tensor], list[torch.Tensor]] | None = None
         self._tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
@@ -142,7 +151,7 @@ class TransformersEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            out = self._generate(prompts, sampling)
+            out = self._generate(self._decode_model(), prompts, sampling)
         finally:
             if was_training:
                 self.model.train()
@@ -152,7 +161,18 @@ class TransformersEngine:
         self.stats["seconds"] += time.perf_counter() - t0
         return out
 
-    def _generate(self, prompts: list[list[int]], sampling: list[SamplingParams]) -> list[ChatResponse]:
+    def _decode_model(self) -> Any:
+        """The module to decode with: the model, or its cast-adapter view refreshed (``cast_adapters``)."""
+        if not self.cast_adapters:
+            return self.model
+        if self._decoder is None:
+            self._decoder = _cast_adapter_view(self.model) or (self.model, [], [])
+        view, src, dst = self._decoder
+        if src:
+            torch._foreach_copy_(dst, src)  # the trained adapters, cast to the base dtype
+        return view
+
+    def _generate(self, model: Any, prompts: list[list[int]], sampling: list[SamplingParams]) -> list[ChatResponse]:
         B, dev = len(prompts), self.device
         # A prompt prefix shared by the whole batch (the system prompt) is prefilled once.
         L = common_prefix_len(prompts)
@@ -160,7 +180,7 @@ class TransformersEngine:
         past = None
         if L:
             prefix = torch.tensor([prompts[0][:L]], dtype=torch.long, device=dev)
-            past = self.model(input_ids=prefix, use_cache=True, logits_to_keep=1).past_key_values
+            past = model(input_ids=prefix, use_cache=True, logits_to_keep=_last(L, dev)).past_key_values
             past.batch_repeat_interleave(B)
         tails = [p[L:] for p in prompts]
         T = max(len(p) for p in tails)
@@ -179,9 +199,9 @@ class TransformersEngine:
         gens = [_generator(s.seed) for s in sampling]
         stop_ids = torch.tensor(sorted(self.stop_ids), device=dev, dtype=torch.long)
 
-        out = self.model(
+        out = model(
             input_ids=input_ids, attention_mask=attn, position_ids=positions,
-            past_key_values=past, use_cache=True, logits_to_keep=1,
+            past_key_values=past, use_cache=True, logits_to_keep=_last(T, dev),
         )
         past = out.past_key_values
         logits = out.logits[:, -1, :].float()
@@ -216,7 +236,7 @@ class TransformersEngine:
             )
             attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=dev)], dim=1)
             pos = pos + 1
-            out = self.model(
+            out = model(
                 input_ids=nxt[:, None], attention_mask=attn, position_ids=pos[:, None],
                 past_key_values=past, use_cache=True,
             )
@@ -234,6 +254,43 @@ class TransformersEngine:
             )
             results.append(ChatResponse(text=text, trace=trace, info={"batch_size": B}))
         return results
+
+
+def _last(n: int, device: Any = None) -> torch.Tensor:
+    """``logits_to_keep`` for the last of ``n`` positions, as an index: transformers then gathers a
+    contiguous [B, 1, H] hidden state. With ``logits_to_keep=1`` it slices a strided view, and on a
+    peft-wrapped bf16 model torch's linear on that view expanded the LM head's weight once per row
+    into a batched matmul: 553 ms instead of 2.6 ms for 16 rows of SmolLM2's 49152 x 576 head, at
+    every prefill."""
+    return torch.tensor([n - 1], device=device)
+
+
+def _cast_adapter_view(model: Any) -> tuple[Any, list[Any], list[Any]] | None:
+    """(view, trained adapter tensors, the view's copies) for ``TransformersEngine(cast_adapters=True)``,
+    or None when there is nothing to cast. The view is a copy of the module tree that shares every
+    parameter and buffer with ``model`` except the LoRA weights, which it holds in the base dtype."""
+    import copy
+
+    params = list(model.named_parameters())
+    lora = [(n, p) for n, p in params if "lora_" in n]
+    base = [p for n, p in params if "lora_" not in n and p.is_floating_point()]
+    if not lora or not base:
+        return None
+    dtype = base[0].dtype
+    if all(p.dtype == dtype for _, p in lora):
+        return None
+    memo: dict[int, Any] = {id(p): p for n, p in params if "lora_" not in n}
+    memo.update({id(b): b for b in model.buffers()})
+    view = copy.deepcopy(model, memo)
+    view.eval()
+    mine = dict(view.named_parameters())
+    dst = []
+    for n, _ in lora:
+        q = mine[n]
+        q.requires_grad_(False)
+        q.data = q.data.to(dtype)
+        dst.append(q)
+    return view, [p for _, p in lora], dst
 
 
 def _stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
