@@ -265,3 +265,28 @@ def test_prefill_logits_do_not_expand_the_vocabulary_matrix(tiny_model_dir):
     expanded = [e for e in prof.events() if e.name in ("aten::bmm", "aten::copy_")
                 and any(len(s) == 3 and vocab in s for s in e.input_shapes if isinstance(s, list))]
     assert not expanded, [(e.name, e.input_shapes) for e in expanded]
+
+
+def test_batches_generate_on_the_event_loop_thread(tiny):
+    """By default the engine runs each batch on the event loop's own thread: a worker thread gets its
+    own OpenMP team, and two teams on 2 cores slowed each other (rollouts +40% over the bare engine,
+    the trainer's step 2.0 s -> 3.2 s). ``threaded=True`` keeps the old worker-thread behaviour."""
+    import threading
+
+    model, tok = tiny
+    seen: list[str] = []
+    hook = model.register_forward_pre_hook(lambda *_: seen.append(threading.current_thread().name))
+    try:
+        for threaded in (False, True):
+            seen.clear()
+            engine = TransformersEngine(model, tok, threaded=threaded)
+
+            async def run() -> str:
+                req = ChatRequest(messages=_msgs(0), sampling=SamplingParams(temperature=0.0, max_tokens=2))
+                await engine.complete(req)
+                return threading.current_thread().name
+
+            loop_thread = asyncio.run(run())
+            assert seen and (set(seen) == {loop_thread}) == (not threaded), (threaded, set(seen), loop_thread)
+    finally:
+        hook.remove()
