@@ -9,8 +9,11 @@ answers of a few tokens), 16 episodes (2 groups of 8) per optimizer step:
     pipeline   ludic learner + ludic actor as two processes over a local redis-server (1 thread
                each, the same 2 cores): the actor generates the next batch while the learner
                trains, up to --max-lag versions behind, with token-level truncated IS
+    overlap    ludic train tictactoe --overlap: the same in one process (an actor thread with its
+               own model copy, one batch ahead, max_lag 1; 1 thread each through OMP_NUM_THREADS)
 
     python benchmarks/bench_pipeline.py [--steps 12] [--dtype float32] [--model runs/<recipe>/sft/final]
+                                        [--modes sync,pipeline,overlap]
 
 What bounds the ratio on a 2-core CPU: both modes share the same two cores, so the pipeline can
 only win what the synchronous loop leaves idle. A synchronous step alternates generation (small
@@ -106,6 +109,22 @@ def run_pipeline(steps: int, dtype: str, root: Path, max_lag: int, model: str) -
     return out
 
 
+def run_overlap(steps: int, dtype: str, root: Path, model: str) -> dict[str, float]:
+    run = root / "overlap"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread for the actor thread, one for the learner
+    subprocess.run([sys.executable, "-m", "ludic", "train", "tictactoe", *common(steps, dtype, run, model),
+                    "--overlap", "--behavior-is", "token_truncate"], env=env, check=True, stdout=subprocess.DEVNULL)
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "step" in r]
+    out = summarise(run, steps)
+    out["stale_share"] = sum(r.get("pipeline_stale_share", 0.0) for r in rows) / max(len(rows), 1)
+    out["lag_mean"] = sum(r.get("pipeline_lag_mean", 0.0) for r in rows) / max(len(rows), 1)
+    same = [r for r in rows if r.get("sampler_tokens", 0) > 0]
+    out["sampler_kl"] = max((r["sampler_kl"] for r in same), default=float("nan"))
+    out["same_version_steps"] = len(same)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=12)
@@ -114,21 +133,31 @@ def main() -> None:
     ap.add_argument("--model", default="HuggingFaceTB/SmolLM2-135M-Instruct",
                     help="a cold-started model plays and learns (e.g. runs/<recipe>/sft/final); the base "
                          "model's replies are all illegal here, so its reward stays flat")
+    ap.add_argument("--modes", default="sync,pipeline,overlap", help="comma-separated: sync, pipeline, overlap")
     a = ap.parse_args()
+    modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    if "sync" not in modes or not set(modes) <= {"sync", "pipeline", "overlap"}:
+        ap.error(f"--modes must include sync (the reference) and only sync, pipeline, overlap: {a.modes!r}")
     root = Path(tempfile.mkdtemp(prefix="ludic-bench-pipeline-"))
     try:
         t0 = time.perf_counter()
-        sync = run_sync(a.steps, a.dtype, root, a.model)
-        pipe = run_pipeline(a.steps, a.dtype, root, a.max_lag, a.model)
+        results = {"sync": run_sync(a.steps, a.dtype, root, a.model)}
+        if "pipeline" in modes:
+            results["pipeline"] = run_pipeline(a.steps, a.dtype, root, a.max_lag, a.model)
+        if "overlap" in modes:
+            results["overlap"] = run_overlap(a.steps, a.dtype, root, a.model)
         print(f"{flags()}; dtype {a.dtype}; {a.steps} steps of 16 episodes; total {time.perf_counter() - t0:.0f} s")
-        for name, r in (("sync", sync), ("pipeline", pipe)):
+        for name, r in results.items():
             extra = (f", stale {r['stale_share']:.1%}, mean lag {r['lag_mean']:.2f}, sampler-learner KL max "
                      f"{r['sampler_kl']:.2e} (over {r['same_version_steps']} steps with same-version tokens)"
-                     if name == "pipeline" else "")
+                     if name != "sync" else "")
             print(f"{name:>9}: {r['seconds']:.1f} s for steps 2-{r['steps']}, {r['samples_per_s']:.2f} samples/s, "
                   f"reward (last half) {r['reward']:+.3f}{extra}")
-        print(f"    ratio: pipeline / sync samples per second = {pipe['samples_per_s'] / sync['samples_per_s']:.2f}x; "
-              f"reward {pipe['reward']:+.3f} vs {sync['reward']:+.3f}")
+        sync = results["sync"]
+        for name, r in results.items():
+            if name != "sync":
+                print(f"    ratio: {name} / sync samples per second = {r['samples_per_s'] / sync['samples_per_s']:.2f}x; "
+                      f"reward {r['reward']:+.3f} vs {sync['reward']:+.3f}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
