@@ -70,6 +70,19 @@ def summarise(run_dir: Path, steps: int, wall: float | None = None) -> dict[str,
     return {"steps": len(rows), "seconds": seconds, "samples_per_s": samples / seconds, "reward": reward}
 
 
+def summarise_pipeline(run_dir: Path, steps: int) -> dict[str, float]:
+    """``summarise`` plus the learner's stale share, mean lag and sampler-learner KL."""
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "step" in r]
+    out = summarise(run_dir, steps)
+    out["stale_share"] = sum(r.get("pipeline_stale_share", 0.0) for r in rows) / max(len(rows), 1)
+    out["lag_mean"] = sum(r.get("pipeline_lag_mean", 0.0) for r in rows) / max(len(rows), 1)
+    same = [r for r in rows if r.get("sampler_tokens", 0) > 0]  # tokens sampled by the learner's own weights
+    out["sampler_kl"] = max((r["sampler_kl"] for r in same), default=float("nan"))
+    out["same_version_steps"] = len(same)
+    return out
+
+
 def run_sync(steps: int, dtype: str, root: Path, model: str) -> dict[str, float]:
     run = root / "sync"
     env = {**os.environ, "OMP_NUM_THREADS": "2"}
@@ -98,15 +111,7 @@ def run_pipeline(steps: int, dtype: str, root: Path, max_lag: int, model: str) -
     finally:
         actor.kill()
         server.kill()
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "step" in r]
-    out = summarise(run, steps)  # the learner's step_s includes its wait for data
-    out["stale_share"] = sum(r.get("pipeline_stale_share", 0.0) for r in rows) / max(len(rows), 1)
-    out["lag_mean"] = sum(r.get("pipeline_lag_mean", 0.0) for r in rows) / max(len(rows), 1)
-    same = [r for r in rows if r.get("sampler_tokens", 0) > 0]  # tokens sampled by the learner's own weights
-    out["sampler_kl"] = max((r["sampler_kl"] for r in same), default=float("nan"))
-    out["same_version_steps"] = len(same)
-    return out
+    return summarise_pipeline(run, steps)  # the learner's step_s includes its wait for data
 
 
 def run_overlap(steps: int, dtype: str, root: Path, model: str) -> dict[str, float]:
@@ -114,15 +119,7 @@ def run_overlap(steps: int, dtype: str, root: Path, model: str) -> dict[str, flo
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread for the actor thread, one for the learner
     subprocess.run([sys.executable, "-m", "ludic", "train", "tictactoe", *common(steps, dtype, run, model),
                     "--overlap", "--behavior-is", "token_truncate"], env=env, check=True, stdout=subprocess.DEVNULL)
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "step" in r]
-    out = summarise(run, steps)
-    out["stale_share"] = sum(r.get("pipeline_stale_share", 0.0) for r in rows) / max(len(rows), 1)
-    out["lag_mean"] = sum(r.get("pipeline_lag_mean", 0.0) for r in rows) / max(len(rows), 1)
-    same = [r for r in rows if r.get("sampler_tokens", 0) > 0]
-    out["sampler_kl"] = max((r["sampler_kl"] for r in same), default=float("nan"))
-    out["same_version_steps"] = len(same)
-    return out
+    return summarise_pipeline(run, steps)
 
 
 def main() -> None:

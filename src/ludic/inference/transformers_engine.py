@@ -91,7 +91,6 @@ class TransformersEngine:
         self._gen_lock: asyncio.Lock | None = None  # held while a batch generates (swap_weights waits)
         self.stats = {"batches": 0, "sequences": 0, "tokens": 0, "seconds": 0.0}
 
-
     @property
     def tokenizer(self) -> Any:
         return self._tokenizer

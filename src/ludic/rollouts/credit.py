@@ -215,7 +215,6 @@ class GAE:
                 out[k] = (out[k] - mean) / (std + 1e-8)
         return out
 
-
     def _state_baseline(self, rollouts: Sequence[Rollout], v: dict[StepKey, float], out: dict[StepKey, float]) -> None:
         """Overwrite ``out`` (and the value targets) with G_t - (leave-one-out mean G of the same prompt)."""
         ret: dict[StepKey, float] = {}
@@ -232,10 +231,9 @@ class GAE:
                 ret[key] = g
                 states[tuple(s.trace.prompt_ids)].append(key)
         for keys in states.values():
-            total = sum(ret[k] for k in keys)
-            for k in keys:
-                base = (total - ret[k]) / (len(keys) - 1) if len(keys) > 1 else v[k]
-                out[k] = ret[k] - base
+            advs = group_advantages([ret[k] for k in keys], "loo") if len(keys) > 1 else [ret[keys[0]] - v[keys[0]]]
+            for k, a in zip(keys, advs):
+                out[k] = a
                 self.step_extras[k] = {"value_old": v[k], "value_target": ret[k]}
 
 
