@@ -12,7 +12,7 @@ import sys
 
 from safetensors.torch import save_file
 
-from ludic.distributed import init_distributed, shutdown_distributed
+from ludic.distributed import exit_worker, init_distributed, shutdown_distributed
 from ludic.training.algorithms import make_algorithm
 from ludic.training.lora import LoraSettings, load_policy
 from ludic.training.trainer import Trainer, TrainerConfig
@@ -46,3 +46,4 @@ def main(items_path, model_dir, out):
 
 if __name__ == "__main__":
     main(*sys.argv[1:4])
+    exit_worker()

@@ -17,7 +17,7 @@ from pathlib import Path
 from dist_rl_worker import ShardSource  # the same per-rank item source (this folder is on sys.path)
 from safetensors.torch import save_file
 
-from ludic.distributed import init_distributed, is_rank0, shutdown_distributed
+from ludic.distributed import exit_worker, init_distributed, is_rank0, shutdown_distributed
 from ludic.inference.publish import merged_state_dict
 from ludic.training.algorithms import make_algorithm
 from ludic.training.fsdp import GatheringPublisher, full_state_dict, is_sharded, shard_model
@@ -77,3 +77,4 @@ def main(mode, items_path, model_dir, out_dir, resume_after=None):
 
 if __name__ == "__main__":
     main(*sys.argv[1:6])
+    exit_worker()

@@ -143,3 +143,20 @@ def test_ludic_sft_under_torchrun_shards_and_matches_one_process(tiny_model_dir,
     base = load_file(str(next(Path(tiny_model_dir).glob("*.safetensors"))))
     changed = sum(not bool((base[k].float() == a[k].float()).all()) for k in a if k in base)
     assert changed > 0  # it trained
+
+
+def test_exit_worker_flushes_and_skips_finalisation_only_in_a_worker():
+    """A torchrun worker ends with ``exit_worker`` (no interpreter finalisation, where a gloo group a
+    sharded model still holds could abort the process after its work was done); what it printed is
+    flushed first. A process that never joined a group is left alone."""
+    code = ("import atexit, sys, ludic.distributed as d\n"
+            "atexit.register(lambda: print('finalised'))\n"
+            "print('done', end='')\n"
+            "d.exit_worker(3 if d._JOINED else 0)\n"
+            "sys.exit(7)\n")
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (plain.returncode, plain.stdout) == (7, "donefinalised\n")
+    joined = subprocess.run([sys.executable, "-c", code.replace("import atexit", "import atexit, ludic.distributed\n"
+                                                                "ludic.distributed._JOINED = True\nimport os")],
+                            capture_output=True, text=True, timeout=60)
+    assert (joined.returncode, joined.stdout) == (3, "done"), joined.stderr

@@ -9,8 +9,11 @@ gradients, which gives exactly the single-process full-batch gradient.
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
+
+_JOINED = False  # this process joined a torchrun group (init_distributed)
 
 
 def is_distributed() -> bool:
@@ -35,13 +38,32 @@ def init_distributed() -> tuple[int, int]:
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend=backend)
+    global _JOINED
+    _JOINED = True
     return dist.get_rank(), dist.get_world_size()
 
 
 def shutdown_distributed() -> None:
+    """Wait for every rank, then destroy the process group (call once per worker, at its end)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
         torch.distributed.destroy_process_group()
+
+
+def exit_worker(code: int = 0) -> None:
+    """End a torchrun worker that has finished (after ``shutdown_distributed``) without interpreter
+    finalisation; a no-op in a process that never joined a group.
+
+    ``destroy_process_group`` drops torch's own references, but a sharded model's device mesh still
+    holds the gloo group. It is then destroyed during interpreter shutdown, racing gloo's static
+    state, and the process can abort with "terminate called without an active exception" (SIGABRT)
+    after all its work is done: a rare, timing-dependent failure of a run that succeeded. Output is
+    flushed first, so nothing written is lost."""
+    if not _JOINED:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def broadcast_object(obj):

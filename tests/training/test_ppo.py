@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ludic.rollouts.batch import build_saw_items
-from ludic.rollouts.credit import GAE
+from ludic.rollouts.credit import GAE, MMDTarget
 from ludic.training.losses import LossConfig, LossInputs, compute_loss
 from ludic.types import Rollout, Step, TokenTrace
 
@@ -74,6 +74,47 @@ def test_gae_state_baseline_is_the_leave_one_out_mean_of_the_same_state():
     assert wm[(m1.id, 1)] == pytest.approx(1.0 - 0.2)    # alone in its state: the critic
     with pytest.raises(ValueError, match="baseline"):
         GAE(lambda rs: v, baseline="group")
+
+
+def _played(prompt, action, reward, answer=(2, 3), logps=(-0.5, -0.1), parse_error=False):
+    info = {"parse_error": True} if parse_error else {}
+    step = Step(0, "o", action, None if parse_error else action, None, reward,
+                trace=TokenTrace(tuple(prompt), answer, logps, (0,) * len(answer)), info=info)
+    return Rollout(steps=[step], meta={"agent_id": "a"})
+
+
+def test_mmd_target_by_hand():
+    """q(a|s) ∝ exp((log pi_old(a|s) + eta Q(s,a)) / (1 + alpha eta)) per state; every state's turns
+    weigh 1 in all, split by q and then evenly over the turns that played the action."""
+    import math
+
+    bet = [_played((1, 7), "1", 1.0, (5, 3), (-0.2, -0.1)), _played((1, 7), "1", 0.5, (5, 3), (-0.2, -0.1))]
+    fold = [_played((1, 7), "0", 0.25, (4, 3), (-1.5, -0.1))]
+    lone = [_played((1, 8), "1", 1.0)]                      # one action only: nothing to compare
+    bad = [_played((1, 7), "x", 0.0, parse_error=True)]
+    rs = bet + fold + lone + bad
+    mmd = MMDTarget(eta=4.0, alpha=0.25)
+    w = mmd.compute(rs)
+    z1 = (-0.3 + 4.0 * 0.75) / 2.0        # bet: log pi_old = -0.3, Q = mean(1.0, 0.5)
+    z0 = (-1.6 + 4.0 * 0.25) / 2.0
+    q1 = math.exp(z1) / (math.exp(z1) + math.exp(z0))
+    assert [w[(r.id, 0)] for r in bet] == pytest.approx([q1 / 2, q1 / 2])
+    assert w[(fold[0].id, 0)] == pytest.approx(1 - q1)
+    assert w[(lone[0].id, 0)] == 0.0 and w[(bad[0].id, 0)] == 0.0
+    assert mmd.last_stats["mmd_state_share"] == pytest.approx(0.5)
+    # alpha = 0, equal returns: the target is pi_old itself (renormalised over the played actions)
+    w0 = MMDTarget(eta=4.0, alpha=0.0).compute([_played((1,), "1", 0.5, (5,), (math.log(0.6),)),
+                                                 _played((1,), "0", 0.5, (4,), (math.log(0.2),))])
+    assert sorted(w0.values()) == pytest.approx([0.25, 0.75])
+    # multi-turn: the first turn's Q is its return-to-go (the reward comes at the end)
+    m = Rollout(steps=[Step(0, "o", "1", "1", None, 0.0, trace=TokenTrace((9,), (5,), (-0.7,), (0,))),
+                       Step(1, "o", "1", "1", None, 1.0, trace=TokenTrace((6,), (5,), (-0.7,), (0,)))],
+                meta={"agent_id": "a"})
+    o = _played((9,), "0", 0.0, (4,), (-0.7,))
+    wm = MMDTarget(eta=2.0, alpha=0.0).compute([m, o])
+    assert wm[(m.id, 0)] == pytest.approx(math.exp(2.0) / (math.exp(2.0) + 1.0))
+    with pytest.raises(ValueError):
+        MMDTarget(eta=0.0)
 
 
 def test_clipped_value_loss_by_hand():
@@ -158,6 +199,20 @@ def test_train_games_logs_a_nash_conv_curve_and_eval_games_reports_intervals(tin
     kuhn, ttt = res["kuhn_poker"], res["tic_tac_toe"]
     assert kuhn["episodes"] == 4 and 0 <= kuhn["success_rate_ci95"][0] <= kuhn["success_rate_ci95"][1] <= 1
     assert 0.0 <= kuhn["nash_conv"] <= 4.0 and ttt["states"] == 4520
+
+
+def test_train_games_with_the_mmd_step_needs_no_critic_and_logs_its_targets(tiny_model_dir, tmp_path):
+    pytest.importorskip("pyspiel")
+    from ludic.recipes.games import TrainGamesConfig, train_games
+
+    cfg = TrainGamesConfig(model=str(tiny_model_dir), games="kuhn_poker", opponent="self", algorithm="mmd",
+                           train_steps=2, eval_every=1, episodes_per_update=8, max_completion_tokens=2,
+                           kl_coef=0.0, run_dir=str(tmp_path / "run"), logger="none", dtype="float32")
+    out = train_games(cfg)
+    assert [p["step"] for p in out["exploitability"]] == [0, 1, 2]
+    assert "value_loss" not in out and 0.0 <= out["mmd_state_share"] <= 1.0
+    with pytest.raises(ValueError, match="--algorithm"):
+        train_games(TrainGamesConfig(model=str(tiny_model_dir), algorithm="grpo", run_dir=str(tmp_path / "x")))
 
 
 def test_exploitability_reads_the_prompt_the_agent_is_sampled_from(tiny_model_dir):

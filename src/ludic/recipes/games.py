@@ -77,6 +77,15 @@ class TrainGamesConfig:
     """Reward of an answer that names no legal action (the turn is retried, 3 attempts)."""
     ctx: str = "last"
     """Context: last (the rules and the current turn) or full (the whole conversation)."""
+    algorithm: str = "ppo"
+    """ppo (a value head, GAE, the clipped objective) or mmd (magnetic mirror descent on information
+    states: per-state targets from the batch's returns, fitted by a balanced cross-entropy; no critic;
+    for small games, where the batch visits each state often: kuhn_poker, leduc_poker)."""
+    mmd_eta: float = 10.0
+    """mmd: step size (per unit of return; scores are in [0, 1])."""
+    mmd_alpha: float = 0.05
+    """mmd: pull toward the uniform policy (the fixed point is a quantal response equilibrium at this
+    temperature; 0: none)."""
     gamma: float = 1.0
     lam: float = 0.95
     baseline: str = "value"
@@ -434,7 +443,7 @@ def train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
 async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.recipes.tictactoe import default_run_dir
-    from ludic.training.algorithms import make_ppo
+    from ludic.training.algorithms import make_mmd, make_ppo
     from ludic.training.loggers import logger_names, make_logger
     from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, load_policy
     from ludic.training.trainer import Trainer
@@ -443,6 +452,8 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
     logger_names(cfg.logger)
     games = parse_games(cfg.games)
     names = sorted({game_name(g) for g in games})
+    if cfg.algorithm not in ("ppo", "mmd"):
+        raise ValueError(f"--algorithm must be ppo or mmd, got {cfg.algorithm!r}")
     if cfg.opponent not in ("random", "mcts", "self", "league"):
         raise ValueError(f"--opponent must be random, mcts, self or league, got {cfg.opponent!r}")
     if cfg.opponent == "league":
@@ -477,10 +488,14 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
     top = n_layers if cfg.lora_layer_share >= 1 else max(1, round(cfg.lora_layer_share * n_layers))
     model = apply_lora(model, LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult,
                                            top_layers=0 if top == n_layers else top))
-    attach_value_head(model)
+    if cfg.algorithm == "mmd":
+        algo = make_mmd(cfg.mmd_eta, cfg.mmd_alpha, gamma=cfg.gamma, kl_coef=cfg.kl_coef)
+    else:
+        attach_value_head(model)
+        algo = make_ppo(ValueFunction(model, tok.pad_token_id), gamma=cfg.gamma, lam=cfg.lam, vf_coef=cfg.vf_coef,
+                        kl_coef=cfg.kl_coef, baseline=cfg.baseline, clip_low=cfg.clip, clip_high=cfg.clip,
+                        value_clip=cfg.value_clip)
     engine = TransformersEngine(model, tok)
-    algo = make_ppo(ValueFunction(model, tok.pad_token_id), gamma=cfg.gamma, lam=cfg.lam, vf_coef=cfg.vf_coef,
-                    kl_coef=cfg.kl_coef, baseline=cfg.baseline, clip_low=cfg.clip, clip_high=cfg.clip, value_clip=cfg.value_clip)
     rollouts = RolloutEngine(protocols(engine, cfg, cfg.temperature), concurrency=cfg.concurrency,
                              jsonl_path=run_dir / "rollouts.jsonl")
     league = None

@@ -261,6 +261,7 @@ class RolloutBatchSource:
             "items_per_episode": len(items) / episodes if episodes else 0.0,
             "sequence_tokens_per_episode": sum(it.num_tokens for it in items) / episodes if episodes else 0.0,
             **outcome_counts(trained),
+            **getattr(self.credit, "last_stats", {}),  # a credit assigner's own diagnostics (MMDTarget)
         }
         if self.metrics_fn is not None:
             meta.update(self.metrics_fn(trained))

@@ -9,6 +9,8 @@ item's ``weight`` (the advantage of that completion).
     EpisodicReturn            w_t = sum_t r_t for every step
     ConstantCredit            w_t = c  (SFT / behaviour cloning)
     GAE(values, gamma, lam)   A_t = sum_k (gamma lam)^k delta_{t+k}, with a learner-side critic (PPO)
+    MMDTarget(eta, alpha)     w_t = q(a_t|s_t) / n(s_t, a_t): a per-information-state target policy
+                              (magnetic mirror descent) for a weighted NLL (small games)
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from ludic.types import Rollout
+from ludic.types import Rollout, Step
 
 StepKey = tuple[str, int]
 
@@ -136,6 +138,24 @@ class GroupNormalizedReturn:
         return out
 
 
+def returns_to_go(rollouts: Sequence[Rollout], trained: Callable[[StepKey, Step], bool],
+                  gamma: float = 1.0) -> dict[StepKey, float]:
+    """G_t = r_t + gamma * G_{t+1} of every trained turn (``trained(key, step)``); an untrained turn's
+    reward (a retry without tokens, a forfeit) goes to the trained turn before it."""
+    out: dict[StepKey, float] = {}
+    for r in rollouts:
+        g, carried = 0.0, 0.0
+        for s in reversed(r.steps):
+            key = (r.id, s.index)
+            if not trained(key, s):
+                carried += s.reward
+                continue
+            g = s.reward + carried + gamma * g
+            carried = 0.0
+            out[key] = g
+    return out
+
+
 StepValues = Callable[[Sequence[Rollout]], dict[StepKey, float]]
 """``rollouts -> {(rollout id, step index): V(s_t)}``: the learner's no-grad value pass
 (``ludic.training.value.ValueFunction``)."""
@@ -217,24 +237,97 @@ class GAE:
 
     def _state_baseline(self, rollouts: Sequence[Rollout], v: dict[StepKey, float], out: dict[StepKey, float]) -> None:
         """Overwrite ``out`` (and the value targets) with G_t - (leave-one-out mean G of the same prompt)."""
-        ret: dict[StepKey, float] = {}
+        ret = returns_to_go(rollouts, lambda key, s: key in self.step_extras, self.gamma)
         states: dict[tuple, list[StepKey]] = defaultdict(list)
         for r in rollouts:
-            g, carried = 0.0, 0.0
-            for s in reversed(r.steps):
-                key = (r.id, s.index)
-                if key not in self.step_extras:  # untrained turn: its reward goes to the turn before
-                    carried += s.reward
-                    continue
-                g = s.reward + carried + self.gamma * g
-                carried = 0.0
-                ret[key] = g
-                states[tuple(s.trace.prompt_ids)].append(key)
+            for s in r.steps:
+                if (r.id, s.index) in ret:
+                    states[tuple(s.trace.prompt_ids)].append((r.id, s.index))
         for keys in states.values():
             advs = group_advantages([ret[k] for k in keys], "loo") if len(keys) > 1 else [ret[keys[0]] - v[keys[0]]]
             for k, a in zip(keys, advs):
                 out[k] = a
                 self.step_extras[k] = {"value_old": v[k], "value_target": ret[k]}
+
+
+class MMDTarget:
+    """Magnetic mirror descent (Sokota et al., 2023) as per-state targets for a weighted NLL.
+
+    For each information state s the batch visited (its prompt), with Q(s, a) the mean return-to-go of
+    the batch's turns at s that played action a (the parsed action) and pi_old(a|s) the sampler's
+    probability of that answer (from the sampled log-probs), the target policy is
+
+        q(a|s)  ∝  exp((log pi_old(a|s) + eta * Q(s, a)) / (1 + alpha * eta))
+
+    over the actions played at s: a mirror-descent step of size eta from pi_old, pulled toward the
+    uniform magnet with strength alpha (alpha = 0: the plain exponentiated-Q step; its fixed point is
+    a quantal response equilibrium at temperature alpha in two-player zero-sum games). Each turn gets
+    weight q(a|s) / n(s, a), so every state's turns weigh 1 in all, shared between its actions by q;
+    with loss kind "sft" the objective is then sum_s sum_a q(a|s) * -log pi(a|s): the cross-entropy to
+    q at every visited state, one balanced term per state, however often the batch visited it.
+
+    Why not a policy gradient: on kuhn_poker, PPO's per-turn advantages move the answer bias shared
+    by every state and leave the card-dependent direction untouched (see the README's kuhn study);
+    a balanced per-state fit learns it.
+
+    Turns with a parse error, and states where fewer than two distinct actions were played (nothing
+    to compare), get weight 0 (``drop_zero_weight`` removes them). ``last_stats`` holds the batch's
+    share of states with a target and the mean entropy of the targets.
+    """
+
+    needs_turn_items = True
+    """Items must be one per turn (``merge_turns=False``): each turn has its own target weight."""
+
+    def __init__(self, eta: float = 10.0, alpha: float = 0.05, gamma: float = 1.0) -> None:
+        if not (eta > 0 and alpha >= 0 and 0.0 <= gamma <= 1.0):
+            raise ValueError(f"MMDTarget needs eta > 0, alpha >= 0, 0 <= gamma <= 1, got {eta}, {alpha}, {gamma}")
+        self.eta, self.alpha, self.gamma = eta, alpha, gamma
+        self.last_stats: dict[str, float] = {}
+
+    def __repr__(self) -> str:
+        return f"MMDTarget(eta={self.eta}, alpha={self.alpha}, gamma={self.gamma})"
+
+    def compute(self, rollouts: Sequence[Rollout]) -> dict[StepKey, float]:
+        ret = returns_to_go(rollouts, lambda key, s: s.trace is not None and len(s.trace.completion_ids) > 0, self.gamma)
+        out = {(r.id, s.index): 0.0 for r in rollouts for s in r.steps}
+        states: dict[tuple, dict[str, list[StepKey]]] = defaultdict(lambda: defaultdict(list))
+        answers: dict[tuple, dict[str, dict[tuple, float]]] = defaultdict(lambda: defaultdict(dict))
+        for r in rollouts:
+            for s in r.steps:
+                key = (r.id, s.index)
+                if key not in ret or s.parse_error or s.parsed_action is None:
+                    continue
+                t = s.trace
+                states[tuple(t.prompt_ids)][s.parsed_action].append(key)
+                if t.logprobs:
+                    answers[tuple(t.prompt_ids)][s.parsed_action][tuple(t.completion_ids)] = sum(t.logprobs)
+        entropies = []
+        for state, acts in states.items():
+            if len(acts) < 2:
+                continue
+            names = sorted(acts)
+            n = sum(len(acts[a]) for a in names)
+            z = []
+            for a in names:
+                q_sa = sum(ret[k] for k in acts[a]) / len(acts[a])
+                seen = answers[state][a]  # every spelling of a sampled at s: log sum of their probabilities
+                logpi = _logsumexp(list(seen.values())) if seen else math.log(len(acts[a]) / n)
+                z.append((logpi + self.eta * q_sa) / (1.0 + self.alpha * self.eta))
+            top = max(z)
+            e = [math.exp(x - top) for x in z]
+            q = [x / sum(e) for x in e]
+            entropies.append(-sum(p * math.log(p) for p in q if p > 0))
+            for a, p in zip(names, q):
+                for k in acts[a]:
+                    out[k] = p / len(acts[a])
+        self.last_stats = {"mmd_state_share": len(entropies) / max(1, len(states)),
+                           "mmd_target_entropy": sum(entropies) / max(1, len(entropies))}
+        return out
+
+
+def _logsumexp(xs: Sequence[float]) -> float:
+    top = max(xs)
+    return top + math.log(sum(math.exp(x - top) for x in xs))
 
 
 def make_credit(name: str, **kwargs) -> CreditAssigner:
@@ -246,6 +339,7 @@ def make_credit(name: str, **kwargs) -> CreditAssigner:
         "episodic": EpisodicReturn,
         "constant": ConstantCredit,
         "gae": GAE,
+        "mmd": MMDTarget,
     }
     if name not in table:
         raise ValueError(f"unknown credit assigner {name!r}; choose from {sorted(table)}")

@@ -9,6 +9,7 @@
     make_reinforce()  Monte Carlo return + REINFORCE
     make_reinforce_baseline()  MC return, batch-mean baseline
     make_ppo()        GAE with a value head (learner-side value pass) + clipped policy and value losses + KL
+    make_mmd()        per-state magnetic-mirror-descent targets + weighted NLL (small games; no critic)
     make_sft()        constant credit 1 + NLL on action tokens
 """
 
@@ -21,6 +22,7 @@ from ludic.rollouts.batch import SampleFilter, drop_zero_weight
 from ludic.rollouts.credit import (
     GAE,
     ConstantCredit,
+    MMDTarget,
     CreditAssigner,
     GroupNormalizedReturn,
     MonteCarloReturn,
@@ -89,6 +91,14 @@ def make_ppo(values: Any = None, *, gamma: float = 1.0, lam: float = 0.95, vf_co
     return Algorithm("ppo", GAE(values, gamma, lam, baseline=baseline), cfg)
 
 
+def make_mmd(eta: float = 10.0, alpha: float = 0.05, *, gamma: float = 1.0, **loss: Any) -> Algorithm:
+    """Magnetic mirror descent on information states (``MMDTarget``): each visited state's turns are
+    weighted by the target q(a|s), and the loss is their weighted NLL (the cross-entropy to q, one
+    balanced term per state). Needs no critic; zero-weight turns are dropped. Items must be one per
+    turn (``merge_turns=False``)."""
+    return Algorithm("mmd", MMDTarget(eta, alpha, gamma), _loss("sft", {"aggregation": "sum", **loss}), drop_zero_weight)
+
+
 def make_sft(**loss: Any) -> Algorithm:
     return Algorithm("sft", ConstantCredit(1.0), _loss("sft", loss))
 
@@ -96,7 +106,7 @@ def make_sft(**loss: Any) -> Algorithm:
 ALGORITHMS = {
     "grpo": make_grpo, "dr_grpo": make_dr_grpo, "dapo": make_dapo, "gspo": make_gspo,
     "cispo": make_cispo, "rloo": make_rloo, "reinforce": make_reinforce,
-    "reinforce_baseline": make_reinforce_baseline, "sft": make_sft, "ppo": make_ppo,
+    "reinforce_baseline": make_reinforce_baseline, "sft": make_sft, "ppo": make_ppo, "mmd": make_mmd,
 }
 
 
