@@ -1,6 +1,6 @@
 """Run the benchmarks one after another and print one table of ratios measured side by side.
 
-    python -m benchmarks [--only a,b,c,d,e,f] [--quick] [--dtype auto] [--threads N]
+    python -m benchmarks [--only a,b,c,d,e,f,g] [--quick] [--dtype auto] [--threads N]
                          [--out benchmarks/results.json]
 
 Parts (each compares Ludic with a peer in this run, on this machine):
@@ -12,6 +12,7 @@ Parts (each compares Ludic with a peer in this run, on this machine):
     f  peak memory per trained token of the two sides of (c)            (bench_trainer, fresh processes)
     d  adapter and full-weight push latency                             (bench_push, bench_vllm)
     e  multi-turn: one merged item per episode against one per turn     (bench_multiturn)
+    g  overlapped actor/learner (--overlap) against the sync loop       (bench_pipeline)
 
 Parts never run at the same time. A part that fails is reported (and the exit status is 1);
 the others still run. ``--quick`` shrinks every part (1 step, a few tokens, no vLLM) for a smoke
@@ -32,7 +33,7 @@ from typing import Any, Callable
 
 from benchmarks.common import format_table, header, machine_info, row
 
-ORDER = "abcfde"
+ORDER = "abcfdeg"
 PARTS = {
     "a": "GRPO step: Ludic vs TRL GRPOTrainer",
     "b": "rollout overhead over the bare engine",
@@ -40,6 +41,7 @@ PARTS = {
     "f": "peak RSS per trained token (sides of c)",
     "d": "adapter / full-weight push latency",
     "e": "multi-turn merged vs per-turn items",
+    "g": "overlapped actor/learner vs sync loop",
 }
 
 
@@ -85,7 +87,13 @@ def part_runners(args: argparse.Namespace, dtype: str) -> dict[str, Callable[[],
 
         return bench_multiturn.run(None, dtype, quick=args.quick)
 
-    return {"a": a, "b": b, "c": lambda: trainer_rows("rows_c"), "f": lambda: trainer_rows("rows_f"), "d": d, "e": e}
+    def g() -> dict[str, Any]:
+        from benchmarks import bench_pipeline
+
+        return bench_pipeline.run(dtype, quick=args.quick)
+
+    return {"a": a, "b": b, "c": lambda: trainer_rows("rows_c"), "f": lambda: trainer_rows("rows_f"), "d": d, "e": e,
+            "g": g}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -122,6 +122,24 @@ def run_overlap(steps: int, dtype: str, root: Path, model: str) -> dict[str, flo
     return summarise_pipeline(run, steps)
 
 
+def run(dtype: str, quick: bool = False, steps: int = 6, model: str = "HuggingFaceTB/SmolLM2-135M-Instruct") -> dict:
+    """Part (g) of ``python -m benchmarks``: overlap against sync, one run each, rows for the table."""
+    from benchmarks.common import row
+
+    steps = 2 if quick else steps
+    root = Path(tempfile.mkdtemp(prefix="ludic-bench-pipeline-"))
+    try:
+        sync = run_sync(steps, dtype, root, model)
+        over = run_overlap(steps, dtype, root, model)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    ratio = over["samples_per_s"] / sync["samples_per_s"]
+    what = (f"tictactoe samples/s, --overlap / sync ({steps} steps; lag {over['lag_mean']:.2f}, "
+            f"stale {over['stale_share']:.0%})")
+    return {"sync": sync, "overlap": over,
+            "rows": [row("g", what, over["samples_per_s"], sync["samples_per_s"], ratio, unit="samples/s")]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=12)

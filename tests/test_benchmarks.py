@@ -94,7 +94,7 @@ def test_cpu_info_and_header():
 
 
 def test_parse_only():
-    assert parse_only(None) == ["a", "b", "c", "f", "d", "e"]
+    assert parse_only(None) == ["a", "b", "c", "f", "d", "e", "g"]
     assert parse_only("f, c,a") == ["a", "c", "f"]
     with pytest.raises(SystemExit, match="unknown part"):
         parse_only("a,x")

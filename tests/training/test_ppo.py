@@ -84,21 +84,23 @@ def _played(prompt, action, reward, answer=(2, 3), logps=(-0.5, -0.1), parse_err
 
 
 def test_mmd_target_by_hand():
-    """q(a|s) ∝ exp((log pi_old(a|s) + eta Q(s,a)) / (1 + alpha eta)) per state; every state's turns
-    weigh 1 in all, split by q and then evenly over the turns that played the action."""
+    """q(a|s) ∝ exp((log pi_old(a|s) + eta Q(s,a)) / (1 + alpha eta)) per state; the whole q(a|s) goes
+    to one turn with the action's most common answer, so every state weighs 1 in all."""
     import math
 
-    bet = [_played((1, 7), "1", 1.0, (5, 3), (-0.2, -0.1)), _played((1, 7), "1", 0.5, (5, 3), (-0.2, -0.1))]
+    odd = _played((1, 7), "1", 0.5, (5, 9), (-3.0, -0.1))  # a rarer spelling of "1": Q counts it, no weight
+    bet = [odd, _played((1, 7), "1", 1.0, (5, 3), (-0.2, -0.1)), _played((1, 7), "1", 0.5, (5, 3), (-0.2, -0.1))]
     fold = [_played((1, 7), "0", 0.25, (4, 3), (-1.5, -0.1))]
     lone = [_played((1, 8), "1", 1.0)]                      # one action only: nothing to compare
     bad = [_played((1, 7), "x", 0.0, parse_error=True)]
     rs = bet + fold + lone + bad
     mmd = MMDTarget(eta=4.0, alpha=0.25)
     w = mmd.compute(rs)
-    z1 = (-0.3 + 4.0 * 0.75) / 2.0        # bet: log pi_old = -0.3, Q = mean(1.0, 0.5)
+    logpi1 = math.log(math.exp(-0.3) + math.exp(-3.1))  # both spellings of "1"
+    z1 = (logpi1 + 4.0 * (2.0 / 3.0)) / 2.0           # Q = mean(0.5, 1.0, 0.5)
     z0 = (-1.6 + 4.0 * 0.25) / 2.0
     q1 = math.exp(z1) / (math.exp(z1) + math.exp(z0))
-    assert [w[(r.id, 0)] for r in bet] == pytest.approx([q1 / 2, q1 / 2])
+    assert [w[(r.id, 0)] for r in bet] == pytest.approx([0.0, q1, 0.0])
     assert w[(fold[0].id, 0)] == pytest.approx(1 - q1)
     assert w[(lone[0].id, 0)] == 0.0 and w[(bad[0].id, 0)] == 0.0
     assert mmd.last_stats["mmd_state_share"] == pytest.approx(0.5)

@@ -9,14 +9,14 @@ item's ``weight`` (the advantage of that completion).
     EpisodicReturn            w_t = sum_t r_t for every step
     ConstantCredit            w_t = c  (SFT / behaviour cloning)
     GAE(values, gamma, lam)   A_t = sum_k (gamma lam)^k delta_{t+k}, with a learner-side critic (PPO)
-    MMDTarget(eta, alpha)     w_t = q(a_t|s_t) / n(s_t, a_t): a per-information-state target policy
-                              (magnetic mirror descent) for a weighted NLL (small games)
+    MMDTarget(eta, alpha)     w = q(a|s) on one turn per (state, action): a per-information-state
+                              target policy (magnetic mirror descent) for a weighted NLL (small games)
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
@@ -261,10 +261,12 @@ class MMDTarget:
 
     over the actions played at s: a mirror-descent step of size eta from pi_old, pulled toward the
     uniform magnet with strength alpha (alpha = 0: the plain exponentiated-Q step; its fixed point is
-    a quantal response equilibrium at temperature alpha in two-player zero-sum games). Each turn gets
-    weight q(a|s) / n(s, a), so every state's turns weigh 1 in all, shared between its actions by q;
-    with loss kind "sft" the objective is then sum_s sum_a q(a|s) * -log pi(a|s): the cross-entropy to
-    q at every visited state, one balanced term per state, however often the batch visited it.
+    a quantal response equilibrium at temperature alpha in two-player zero-sum games). One turn per
+    (state, action), the one with the action's most common answer, gets weight q(a|s); the others get
+    0 (the same answer from the same prompt has the same log-prob, so the loss is unchanged, at 1/n of
+    the compute). With loss kind "sft" the objective is sum_s sum_a q(a|s) * -log pi(a|s): the
+    cross-entropy to q at every visited state, one balanced term per state, however often the batch
+    visited it.
 
     Why not a policy gradient: on kuhn_poker, PPO's per-turn advantages move the answer bias shared
     by every state and leave the card-dependent direction untouched (see the README's kuhn study);
@@ -292,6 +294,7 @@ class MMDTarget:
         out = {(r.id, s.index): 0.0 for r in rollouts for s in r.steps}
         states: dict[tuple, dict[str, list[StepKey]]] = defaultdict(lambda: defaultdict(list))
         answers: dict[tuple, dict[str, dict[tuple, float]]] = defaultdict(lambda: defaultdict(dict))
+        spelled: dict[StepKey, tuple] = {}
         for r in rollouts:
             for s in r.steps:
                 key = (r.id, s.index)
@@ -299,6 +302,7 @@ class MMDTarget:
                     continue
                 t = s.trace
                 states[tuple(t.prompt_ids)][s.parsed_action].append(key)
+                spelled[key] = tuple(t.completion_ids)
                 if t.logprobs:
                     answers[tuple(t.prompt_ids)][s.parsed_action][tuple(t.completion_ids)] = sum(t.logprobs)
         entropies = []
@@ -318,8 +322,9 @@ class MMDTarget:
             q = [x / sum(e) for x in e]
             entropies.append(-sum(p * math.log(p) for p in q if p > 0))
             for a, p in zip(names, q):
-                for k in acts[a]:
-                    out[k] = p / len(acts[a])
+                counts = Counter(spelled[k] for k in acts[a])
+                common = max(counts, key=lambda c: counts[c])
+                out[next(k for k in acts[a] if spelled[k] == common)] = p
         self.last_stats = {"mmd_state_share": len(entropies) / max(1, len(states)),
                            "mmd_target_entropy": sum(entropies) / max(1, len(entropies))}
         return out
