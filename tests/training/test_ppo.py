@@ -213,6 +213,7 @@ def test_train_games_with_the_mmd_step_needs_no_critic_and_logs_its_targets(tiny
     out = train_games(cfg)
     assert [p["step"] for p in out["exploitability"]] == [0, 1, 2]
     assert "value_loss" not in out and 0.0 <= out["mmd_state_share"] <= 1.0
+    assert out["num_items_filtered"] > 0  # zero-weight turns (one per state and action is kept) are not trained
     with pytest.raises(ValueError, match="--algorithm"):
         train_games(TrainGamesConfig(model=str(tiny_model_dir), algorithm="grpo", run_dir=str(tmp_path / "x")))
 

@@ -505,7 +505,8 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
         league = League(run_dir / "league", max_size=cfg.league_size, every=cfg.league_every,
                         make_client=frozen_copy_clients(model, tok))
     requests = GameRequests(cfg, cfg.seed, league=league, engine=rollouts, client=engine)
-    source = RolloutBatchSource(rollouts, requests, algo.credit, metrics_fn=requests.metrics, merge_turns=False)
+    source = RolloutBatchSource(rollouts, requests, algo.credit, metrics_fn=requests.metrics, merge_turns=False,
+                                sample_filter=algo.sample_filter)
     logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
     tcfg = cfg.trainer
     trainer = Trainer(model, algo, source, tcfg, logger=logger, checkpoint_dir=run_dir / "checkpoints",
