@@ -215,9 +215,11 @@ def test_scores_apply_the_models_own_logit_post_processing(family):
 
 
 def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
-    """A bf16 model with fp32 LoRA adapters decodes through a view holding bf16 copies of the
-    adapters (no per-layer casts), refreshed before every batch: after the adapters change, the
-    sampler's log-probs are the trained model's, and the base weights are shared, not copied."""
+    """A bf16 model with fp32 LoRA adapters decodes through a view whose LoRA linears are fused
+    (``[W; A]`` in one matmul, then B) in bf16, refreshed before every batch from what changed:
+    after the adapters change, the sampler's log-probs are the trained model's; every tensor outside
+    the LoRA linears is shared, not copied."""
+    from ludic.inference.transformers_engine import _FusedLoraLinear
     from ludic.training.lora import LoraSettings, load_policy
 
     model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="bfloat16", seed=0)
@@ -226,10 +228,14 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     sample = [SamplingParams(temperature=1.0, max_tokens=6, seed=1)]
     before = engine.generate([prompt], sample)[0].trace
     view, src, dst = engine._decoder
-    assert view is not model and src and all(q.dtype == torch.bfloat16 for q in dst)
-    assert all(p.dtype == torch.float32 for p in src)  # the trained adapters stay fp32
+    fused = [m for m in view.modules() if isinstance(m, _FusedLoraLinear)]
+    assert view is not model and fused and all(q.dtype == torch.bfloat16 for q in dst)
+    assert len(fused) == sum(1 for n, _ in model.named_parameters() if "lora_A" in n)
+    assert all(p.dtype == torch.float32 for p in src if p.requires_grad)  # the trained adapters stay fp32
     shared = {n: p.data_ptr() for n, p in model.named_parameters() if "lora_" not in n}
-    assert shared and all(shared[n] == q.data_ptr() for n, q in view.named_parameters() if n in shared)
+    outside = [(n, q) for n, q in view.named_parameters() if n in shared]
+    assert outside and all(shared[n] == q.data_ptr() for n, q in outside)
+    synced = list(engine._synced)
 
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # an optimizer step's worth of change, in place
@@ -237,6 +243,8 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
             if "lora_B" in n:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
     after = engine.generate([prompt], sample)[0].trace
+    changed = [i for i, (a, b) in enumerate(zip(synced, engine._synced)) if a != b]
+    assert changed and all("lora_B" in _name_of(model, src[i]) for i in changed)  # only B was re-copied
     item = SAWItem(tuple(prompt), after.completion_ids, 1.0, temperature=1.0)
     with torch.no_grad():
         logp, _ = score_actions(model, collate([item], tok.pad_token_id))
@@ -245,6 +253,39 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     off = TransformersEngine(model, tok, cast_adapters=False)
     ref = off.generate([prompt], sample)[0].trace
     assert max(abs(a - b) for a, b in zip(ref.logprobs, logp.tolist())) < 0.05
+    with torch.no_grad():  # a full-weight push changes a base weight in place: the view follows
+        model.get_submodule("base_model.model.model.layers.0.self_attn.q_proj").base_layer.weight.mul_(3.0)
+        logp3, _ = score_actions(model, collate([item], tok.pad_token_id))
+    forced = TransformersEngine(model, tok)
+    forced._decoder, forced._synced = engine._decoder, engine._synced  # the same view, synced before the push
+    again = forced.generate([prompt], [SamplingParams(temperature=1.0, max_tokens=len(item.completion_ids), seed=1)])
+    fresh = TransformersEngine(model, tok).generate([prompt], [SamplingParams(temperature=1.0, max_tokens=6, seed=1)])
+    assert again[0].trace.completion_ids == fresh[0].trace.completion_ids
+    assert again[0].trace.logprobs == fresh[0].trace.logprobs
+    assert logp3.tolist() != logp.tolist()
+
+
+def _name_of(model, tensor):
+    return next(n for n, p in model.named_parameters() if p is tensor)
+
+
+def test_fused_lora_decode_matches_peft_in_fp32(tiny_model_dir):
+    """In fp32 (no casts at all) the fused view computes what peft computes: same greedy tokens,
+    log-probs within float rounding."""
+    from ludic.training.lora import LoraSettings, load_policy
+
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(hash(n) % 1000))
+    prompts = [list(range(5, 17)), list(range(30, 36))]
+    greedy = [SamplingParams(temperature=0.0, max_tokens=8)] * 2
+    fused = TransformersEngine(model, tok).generate(prompts, greedy)
+    plain = TransformersEngine(model, tok, cast_adapters=False).generate(prompts, greedy)
+    for f, p in zip(fused, plain):
+        assert f.trace.completion_ids == p.trace.completion_ids
+        assert max(abs(a - b) for a, b in zip(f.trace.logprobs, p.trace.logprobs)) < 1e-4
 
 
 def test_prefill_logits_do_not_expand_the_vocabulary_matrix(tiny_model_dir):

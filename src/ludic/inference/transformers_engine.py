@@ -53,12 +53,12 @@ class TransformersEngine:
         tokenizer: its tokenizer (chat template required for message prompts).
         max_batch_size: most sequences per generation batch.
         batch_wait_s: how long to wait for more requests before starting a batch.
-        cast_adapters: sample from a view of the model whose LoRA weights are in the base weights'
-            dtype (bf16), refreshed from the trained (fp32) adapters before every batch (about 9 ms for
-            r16 on every linear of SmolLM2-135M). peft otherwise casts each layer's input to fp32 and
-            back, which cost 15-20% of a decode step. The base weights and every other tensor are
-            shared with the model, not copied. Off, or nothing to do, when the adapters already have
-            the base dtype (an fp32 model) or there are none.
+        cast_adapters: sample from a decode view of a LoRA model: each LoRA linear becomes one matmul
+            over ``[W; A]`` and one ``addmm`` with ``B`` (peft: three matmuls, plus casts of every
+            layer's input to the fp32 adapters and back), in the base weights' dtype. The view's
+            copies are refreshed before every batch from the tensors that changed since the last
+            (the adapters after an optimizer step; the base after a full-weight push). Every other
+            tensor is shared with the model. Nothing to do when the model has no adapters.
         threaded: generate on a worker thread instead of the event loop's thread (see above).
     """
 
@@ -77,6 +77,7 @@ class TransformersEngine:
         self.cast_adapters = cast_adapters
         self.threaded = threaded
         self._decoder: tuple[Any, list[torch.Tensor], list[torch.Tensor]] | None = None
+        self._synced: list[int] | None = None  # source versions at the view's last refresh
         self._tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
@@ -152,6 +153,7 @@ class TransformersEngine:
         assert self._gen_lock is not None
         async with self._gen_lock:
             await self._call(load)
+            self._synced = None  # ``load`` may swap tensors' data without bumping versions: copy all
             self.policy_version = version
 
     # -- batched generation -------------------------------------------------
@@ -180,9 +182,13 @@ class TransformersEngine:
             return self.model
         if self._decoder is None:
             self._decoder = _cast_adapter_view(self.model) or (self.model, [], [])
+            self._synced = None
         view, src, dst = self._decoder
-        if src:
-            torch._foreach_copy_(dst, src)  # the trained adapters, cast to the base dtype
+        versions = [t._version for t in src]  # bumped by every in-place change (optimizer steps, copy_)
+        stale = [i for i, v in enumerate(versions) if self._synced is None or v != self._synced[i]]
+        if stale:  # the trained adapters (and changed base weights), cast to the base dtype
+            torch._foreach_copy_([dst[i] for i in stale], [src[i] for i in stale])
+        self._synced = versions
         return view
 
     def _generate(self, model: Any, prompts: list[list[int]], sampling: list[SamplingParams]) -> list[ChatResponse]:
@@ -278,10 +284,43 @@ def _last(n: int, device: Any = None) -> torch.Tensor:
     return torch.tensor([n - 1], device=device)
 
 
+class _FusedLoraLinear(torch.nn.Module):
+    """A LoRA linear for decoding only: ``x @ [W; A]^T`` in one matmul, then ``+ scale * h_A @ B^T`` in
+    one ``addmm``: two matmuls where peft runs three, plus its per-call casts, dropout call, scaling
+    multiply and add. ``weight`` holds copies of the base weight W and the adapter A in the decode
+    dtype; ``_decode_view`` refreshes them (A and B before every batch, W when the base changed)."""
+
+    def __init__(self, base: torch.nn.Linear, a: torch.Tensor, b: torch.Tensor, scale: float, dtype: Any) -> None:
+        super().__init__()
+        self.out_features, self.scale = base.out_features, float(scale)
+        with torch.no_grad():
+            self.weight = torch.nn.Parameter(torch.cat([base.weight.to(dtype), a.to(dtype)]), requires_grad=False)
+            self.lora_b = torch.nn.Parameter(b.detach().to(dtype).clone(), requires_grad=False)
+            bias = None if base.bias is None else torch.cat([base.bias.to(dtype), base.bias.new_zeros(a.shape[0]).to(dtype)])
+        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.linear(x, self.weight, self.bias).reshape(-1, self.weight.shape[0])
+        n = self.out_features
+        y = torch.addmm(h[:, :n], h[:, n:], self.lora_b.t(), alpha=self.scale)
+        return y.reshape(*x.shape[:-1], n)
+
+
+def _fusable(module: Any) -> bool:
+    """A peft LoRA linear with one plain adapter (no DoRA or other variant), unmerged, over nn.Linear."""
+    names = list(getattr(module, "lora_A", {}) or {})
+    return (len(names) == 1 and isinstance(getattr(module, "base_layer", None), torch.nn.Linear)
+            and not getattr(module, "merged", False) and not getattr(module, "lora_variant", {})
+            and not getattr(module, "disable_adapters", False) and list(module.active_adapters) == names)
+
+
 def _cast_adapter_view(model: Any) -> tuple[Any, list[Any], list[Any]] | None:
-    """(view, trained adapter tensors, the view's copies) for ``TransformersEngine(cast_adapters=True)``,
-    or None when there is nothing to cast. The view is a copy of the module tree that shares every
-    parameter and buffer with ``model`` except the LoRA weights, which it holds in the base dtype."""
+    """(view, the tensors it copies from, the view's copies) for ``TransformersEngine(cast_adapters=True)``,
+    or None when the model has no LoRA adapters. The view is a copy of the module tree that shares
+    every parameter and buffer with ``model`` except at the LoRA linears, which become
+    ``_FusedLoraLinear`` modules in the base dtype (where a linear cannot be fused, its adapters
+    are cast to the base dtype). ``_refresh`` copies the trained adapters in before every batch, and
+    the base weights of the fused linears when they changed in place (a full-weight push)."""
     import copy
 
     params = list(model.named_parameters())
@@ -290,20 +329,36 @@ def _cast_adapter_view(model: Any) -> tuple[Any, list[Any], list[Any]] | None:
     if not lora or not base:
         return None
     dtype = base[0].dtype
-    if all(p.dtype == dtype for _, p in lora):
-        return None
     memo: dict[int, Any] = {id(p): p for n, p in params if "lora_" not in n}
     memo.update({id(b): b for b in model.buffers()})
     view = copy.deepcopy(model, memo)
     view.eval()
+    src: list[Any] = []
+    dst: list[Any] = []
+    originals = dict(model.named_modules())
+    for name, module in list(view.named_modules()):
+        if not _fusable(module):
+            continue
+        orig = originals[name]
+        key = next(iter(orig.lora_A))
+        a, b = orig.lora_A[key].weight, orig.lora_B[key].weight
+        fused = _FusedLoraLinear(orig.base_layer, a, b, orig.scaling[key], dtype)
+        parent, _, attr = name.rpartition(".")
+        setattr(view.get_submodule(parent) if parent else view, attr, fused)
+        n = fused.out_features
+        src += [orig.base_layer.weight, a, b]
+        dst += [fused.weight[:n], fused.weight[n:], fused.lora_b]
     mine = dict(view.named_parameters())
-    dst = []
-    for n, _ in lora:
+    fused_src = {id(t) for t in src}
+    for n, p in lora:  # adapters left in peft modules (not fusable): cast copies
+        if id(p) in fused_src or n not in mine:
+            continue
         q = mine[n]
         q.requires_grad_(False)
         q.data = q.data.to(dtype)
+        src.append(p)
         dst.append(q)
-    return view, [p for _, p in lora], dst
+    return view, src, dst
 
 
 def _stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
