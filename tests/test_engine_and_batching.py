@@ -219,7 +219,7 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     (``[W; A]`` in one matmul, then B) in bf16, refreshed before every batch from what changed:
     after the adapters change, the sampler's log-probs are the trained model's; every tensor outside
     the LoRA linears is shared, not copied."""
-    from ludic.inference.transformers_engine import _FusedLoraLinear
+    from ludic.inference.transformers_engine import _GroupMember
     from ludic.training.lora import LoraSettings, load_policy
 
     model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="bfloat16", seed=0)
@@ -228,9 +228,11 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     sample = [SamplingParams(temperature=1.0, max_tokens=6, seed=1)]
     before = engine.generate([prompt], sample)[0].trace
     view, src, dst = engine._decoder
-    fused = [m for m in view.modules() if isinstance(m, _FusedLoraLinear)]
+    fused = [m for m in view.modules() if isinstance(m, _GroupMember)]
     assert view is not model and fused and all(q.dtype == torch.bfloat16 for q in dst)
     assert len(fused) == sum(1 for n, _ in model.named_parameters() if "lora_A" in n)
+    groups = {id(m.group) for m in fused}  # q, k, v share one matmul; gate and up another; o and down alone
+    assert len(groups) == 4 * len(fused) // 7
     assert all(p.dtype == torch.float32 for p in src if p.requires_grad)  # the trained adapters stay fp32
     shared = {n: p.data_ptr() for n, p in model.named_parameters() if "lora_" not in n}
     outside = [(n, q) for n, q in view.named_parameters() if n in shared]

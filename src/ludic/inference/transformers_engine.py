@@ -284,26 +284,73 @@ def _last(n: int, device: Any = None) -> torch.Tensor:
     return torch.tensor([n - 1], device=device)
 
 
-class _FusedLoraLinear(torch.nn.Module):
-    """A LoRA linear for decoding only: ``x @ [W; A]^T`` in one matmul, then ``+ scale * h_A @ B^T`` in
-    one ``addmm``: two matmuls where peft runs three, plus its per-call casts, dropout call, scaling
-    multiply and add. ``weight`` holds copies of the base weight W and the adapter A in the decode
-    dtype; ``_decode_view`` refreshes them (A and B before every batch, W when the base changed)."""
+class _FusedLoraGroup(torch.nn.Module):
+    """LoRA linears that read the same input (q, k and v; gate and up; or one alone), for decoding
+    only: ``x @ [W_1; ..; W_k; A_1; ..; A_k]^T`` in one matmul, then ``+ scale * h_A @ B^T`` in one
+    ``addmm`` with the block-diagonal B. Two matmuls where peft runs three per linear, plus its casts,
+    dropout call, scaling multiply and add. The first member called with an input computes every
+    member's output; the others take their columns. ``weight`` and ``lora_b`` hold copies in the
+    decode dtype, which ``_cast_adapter_view`` lists for refreshing."""
 
-    def __init__(self, base: torch.nn.Linear, a: torch.Tensor, b: torch.Tensor, scale: float, dtype: Any) -> None:
+    def __init__(self, bases: list[torch.nn.Linear], a: list[torch.Tensor], b: list[torch.Tensor],
+                 scale: float, dtype: Any) -> None:
         super().__init__()
-        self.out_features, self.scale = base.out_features, float(scale)
+        self.scale = float(scale)
+        outs = [m.out_features for m in bases]
+        ranks = [t.shape[0] for t in a]
+        self.cols = [sum(outs[:i]) for i in range(len(outs) + 1)]  # member i: columns cols[i]:cols[i+1]
         with torch.no_grad():
-            self.weight = torch.nn.Parameter(torch.cat([base.weight.to(dtype), a.to(dtype)]), requires_grad=False)
-            self.lora_b = torch.nn.Parameter(b.detach().to(dtype).clone(), requires_grad=False)
-            bias = None if base.bias is None else torch.cat([base.bias.to(dtype), base.bias.new_zeros(a.shape[0]).to(dtype)])
+            w = torch.cat([m.weight.to(dtype) for m in bases] + [t.to(dtype) for t in a])
+            lora_b = torch.zeros(sum(outs), sum(ranks), dtype=dtype)
+            r0 = 0
+            for i, t in enumerate(b):
+                lora_b[self.cols[i]:self.cols[i + 1], r0:r0 + ranks[i]] = t.to(dtype)
+                r0 += ranks[i]
+            parts = [m.bias.to(dtype) if m.bias is not None else torch.zeros(m.out_features, dtype=dtype) for m in bases]
+            bias = torch.cat(parts + [torch.zeros(sum(ranks), dtype=dtype)]) if any(m.bias is not None for m in bases) else None
+        self.weight = torch.nn.Parameter(w, requires_grad=False)
+        self.lora_b = torch.nn.Parameter(lora_b, requires_grad=False)
         self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+        self.ranks = ranks
+        self._x: torch.Tensor | None = None
+        self._y: torch.Tensor | None = None
+        self._left = 0
+
+    def copies(self) -> list[torch.Tensor]:
+        """Views of the copies, in the order W_1..W_k, A_1..A_k, B_1..B_k."""
+        n, out = len(self.ranks), self.cols[-1]
+        w = [self.weight[self.cols[i]:self.cols[i + 1]] for i in range(n)]
+        r = [out + sum(self.ranks[:i]) for i in range(n + 1)]
+        a = [self.weight[r[i]:r[i + 1]] for i in range(n)]
+        b = [self.lora_b[self.cols[i]:self.cols[i + 1], r[i] - out:r[i + 1] - out] for i in range(n)]
+        return w + a + b
+
+    def output(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        if x is not self._x:
+            # 2-D input: on a strided 3-D input torch's linear expands the weight per row into a bmm
+            h = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
+            out = self.cols[-1]
+            self._x, self._y, self._left = x, torch.addmm(h[:, :out], h[:, out:], self.lora_b.t(), alpha=self.scale), len(self.ranks)
+        y = self._y
+        self._left -= 1
+        if self._left <= 0:  # every member has its columns: hold no activations between calls
+            self._x = self._y = None
+        return y[:, self.cols[i]:self.cols[i + 1]].reshape(*x.shape[:-1], self.cols[i + 1] - self.cols[i])
+
+
+class _GroupMember(torch.nn.Module):
+    """Stands in for one LoRA linear of a ``_FusedLoraGroup``."""
+
+    def __init__(self, group: _FusedLoraGroup, index: int) -> None:
+        super().__init__()
+        self.group, self.index = group, index
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.nn.functional.linear(x, self.weight, self.bias).reshape(-1, self.weight.shape[0])
-        n = self.out_features
-        y = torch.addmm(h[:, :n], h[:, n:], self.lora_b.t(), alpha=self.scale)
-        return y.reshape(*x.shape[:-1], n)
+        return self.group.output(x, self.index)
+
+
+_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Linears of one module that read the same input (Llama-style attention and MLP)."""
 
 
 def _fusable(module: Any) -> bool:
@@ -317,9 +364,9 @@ def _fusable(module: Any) -> bool:
 def _cast_adapter_view(model: Any) -> tuple[Any, list[Any], list[Any]] | None:
     """(view, the tensors it copies from, the view's copies) for ``TransformersEngine(cast_adapters=True)``,
     or None when the model has no LoRA adapters. The view is a copy of the module tree that shares
-    every parameter and buffer with ``model`` except at the LoRA linears, which become
-    ``_FusedLoraLinear`` modules in the base dtype (where a linear cannot be fused, its adapters
-    are cast to the base dtype). ``_refresh`` copies the trained adapters in before every batch, and
+    every parameter and buffer with ``model`` except at the LoRA linears, which become members of
+    ``_FusedLoraGroup`` modules in the base dtype (q, k and v together; gate and up together; the
+    others alone; where a linear cannot be fused, its adapters are cast to the base dtype). ``_refresh`` copies the trained adapters in before every batch, and
     the base weights of the fused linears when they changed in place (a full-weight push)."""
     import copy
 
@@ -336,18 +383,33 @@ def _cast_adapter_view(model: Any) -> tuple[Any, list[Any], list[Any]] | None:
     src: list[Any] = []
     dst: list[Any] = []
     originals = dict(model.named_modules())
-    for name, module in list(view.named_modules()):
-        if not _fusable(module):
-            continue
-        orig = originals[name]
-        key = next(iter(orig.lora_A))
-        a, b = orig.lora_A[key].weight, orig.lora_B[key].weight
-        fused = _FusedLoraLinear(orig.base_layer, a, b, orig.scaling[key], dtype)
+    fusable = {name for name, module in view.named_modules() if _fusable(module)}
+    groups: list[list[str]] = []
+    for name in sorted(fusable):
         parent, _, attr = name.rpartition(".")
-        setattr(view.get_submodule(parent) if parent else view, attr, fused)
-        n = fused.out_features
-        src += [orig.base_layer.weight, a, b]
-        dst += [fused.weight[:n], fused.weight[n:], fused.lora_b]
+        sibs = next((g for g in _SIBLINGS if attr in g), ())
+        members = [f"{parent}.{a}" if parent else a for a in sibs]
+        if attr in sibs and all(m in fusable for m in members):
+            if attr == sibs[0]:
+                groups.append(members)
+        else:
+            groups.append([name])
+    for members in groups:
+        origs = [originals[m] for m in members]
+        keys = [next(iter(o.lora_A)) for o in origs]
+        scales = {float(o.scaling[k]) for o, k in zip(origs, keys)}
+        ins = {o.base_layer.in_features for o in origs}
+        if len(members) > 1 and (len(scales) > 1 or len(ins) > 1):
+            groups += [[m] for m in members]  # siblings that differ: each fused alone
+            continue
+        a = [o.lora_A[k].weight for o, k in zip(origs, keys)]
+        b = [o.lora_B[k].weight for o, k in zip(origs, keys)]
+        group = _FusedLoraGroup([o.base_layer for o in origs], a, b, scales.pop(), dtype)
+        for i, m in enumerate(members):
+            parent, _, attr = m.rpartition(".")
+            setattr(view.get_submodule(parent) if parent else view, attr, _GroupMember(group, i))
+        src += [o.base_layer.weight for o in origs] + a + b
+        dst += group.copies()
     mine = dict(view.named_parameters())
     fused_src = {id(t) for t in src}
     for n, p in lora:  # adapters left in peft modules (not fusable): cast copies
