@@ -58,7 +58,9 @@ class TransformersEngine:
             layer's input to the fp32 adapters and back), in the base weights' dtype. The view's
             copies are refreshed before every batch from the tensors that changed since the last
             (the adapters after an optimizer step; the base after a full-weight push). Every other
-            tensor is shared with the model. Nothing to do when the model has no adapters.
+            tensor is shared with the model; the adapted linears' base weights are copied once
+            (about 200 MB for SmolLM2-135M in bf16 with LoRA on every linear). Nothing to do when
+            the model has no adapters.
         threaded: generate on a worker thread instead of the event loop's thread (see above).
     """
 
