@@ -367,3 +367,24 @@ def test_example_scripts_are_the_cli(redis_server, tiny_model_dir, tmp_path):
     assert learner.returncode == 0, learner.stdout[-2000:] + learner.stderr[-2000:]
     assert json.loads(learner.stdout[learner.stdout.index("{"):])["step"] == 1
     assert actor.returncode == 0 and "[actor ex] pushed 8 items" in out, out[-2000:]
+
+
+def test_policies_load_from_two_threads_of_a_fresh_process(tiny_model_dir):
+    """``--overlap`` loads the learner's and the actor's policies on two threads. In a process that had
+    not imported transformers yet, its lazy import raced ("cannot import name 'AutoTokenizer'"), 4 times
+    in 5; the benchmark's overlap run died of it. Three fresh processes, four loading threads each."""
+    code = (
+        "import sys, threading\n"
+        "from ludic.training.lora import LoraSettings, load_policy\n"
+        "errs = []\n"
+        "def go(i):\n"
+        "    try:\n"
+        "        load_policy(sys.argv[1], lora=LoraSettings(rank=4, alpha=8) if i % 2 else None, dtype='float32')\n"
+        "    except Exception as e:\n"
+        "        errs.append(repr(e))\n"
+        "ts = [threading.Thread(target=go, args=(i,)) for i in range(4)]\n"
+        "[t.start() for t in ts]; [t.join() for t in ts]\n"
+        "print(errs)\n")
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", code, str(tiny_model_dir)], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:] + out.stderr[-2000:]

@@ -141,9 +141,10 @@ def resolve_dtype(dtype: str, device: str = "cpu") -> str:
 
 
 def load_tokenizer(name: str | None) -> Any:
-    from transformers import AutoTokenizer
+    with LOAD_LOCK:  # (defined below; see there)
+        from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve_model(name))
+        tok = AutoTokenizer.from_pretrained(resolve_model(name))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -191,10 +192,12 @@ def _register_attention() -> None:
     AttentionMaskInterface.register(CPU_BF16_ATTENTION, sdpa_mask)
 
 
-_LOAD_LOCK = threading.Lock()
+LOAD_LOCK = threading.RLock()
 """transformers' loading is not thread-safe: two threads of one process loading at once (the learner
 and its ``--overlap`` actor) met a meta-device context left by the other ("Cannot copy out of meta
-tensor"). Loads in one process are serialised."""
+tensor"), and in a fresh process a half-done lazy import ("cannot import name 'AutoTokenizer'").
+Tokenizer and model loads in one process are serialised (``ludic.training.lora.load_policy`` holds
+the lock for the whole policy: tokenizer, model, adapter and seeded LoRA init)."""
 
 
 def load_model(name: str | None, dtype: str = "auto", device: str = "cpu") -> Any:
@@ -205,7 +208,7 @@ def load_model(name: str | None, dtype: str = "auto", device: str = "cpu") -> An
 
     hf_logging.disable_progress_bar()
     dtype = resolve_dtype(dtype, device)
-    with _LOAD_LOCK:
+    with LOAD_LOCK:
         model = AutoModelForCausalLM.from_pretrained(
             resolve_model(name), dtype=getattr(torch, dtype), attn_implementation="sdpa"
         )

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ludic.inference.models import load_model, load_tokenizer
+from ludic.inference.models import LOAD_LOCK, load_model, load_tokenizer
 
 
 @dataclass(frozen=True)
@@ -106,16 +106,17 @@ def load_policy(
     reference -- is that starting policy, not the raw base model. (A vLLM server
     must then serve the merged weights: see ``save_merged_base``.)
     """
-    torch.manual_seed(seed)
-    tok = load_tokenizer(name)
-    model = load_model(name, dtype=dtype, device=device)
-    if adapter is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-    if lora is not None:
+    with LOAD_LOCK:  # one load at a time per process (threads: --overlap), the seeded init included
         torch.manual_seed(seed)
-        model = apply_lora(model, lora)
+        tok = load_tokenizer(name)
+        model = load_model(name, dtype=dtype, device=device)
+        if adapter is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        if lora is not None:
+            torch.manual_seed(seed)
+            model = apply_lora(model, lora)
     return model, tok
 
 
