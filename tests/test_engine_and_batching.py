@@ -216,7 +216,7 @@ def test_scores_apply_the_models_own_logit_post_processing(family):
 
 def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     """A bf16 model with fp32 LoRA adapters decodes through a view whose LoRA linears are fused
-    (``[W; A]`` in one matmul, then B) in bf16, refreshed before every batch from what changed:
+    (``[W; A]`` in one matmul, then B) in bf16, refreshed before every batch:
     after the adapters change, the sampler's log-probs are the trained model's; every tensor outside
     the LoRA linears is shared, not copied."""
     from ludic.inference.transformers_engine import _GroupMember
@@ -246,7 +246,7 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
     after = engine.generate([prompt], sample)[0].trace
     changed = [i for i, (a, b) in enumerate(zip(synced, engine._synced)) if a != b]
-    assert changed and all("lora_B" in _name_of(model, src[i]) for i in changed)  # only B was re-copied
+    assert changed and all("lora_B" in _name_of(model, src[i]) for i in changed)  # the base was not touched
     item = SAWItem(tuple(prompt), after.completion_ids, 1.0, temperature=1.0)
     with torch.no_grad():
         logp, _ = score_actions(model, collate([item], tok.pad_token_id))
@@ -265,6 +265,25 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     assert again[0].trace.completion_ids == fresh[0].trace.completion_ids
     assert again[0].trace.logprobs == fresh[0].trace.logprobs
     assert logp3.tolist() != logp.tolist()
+
+
+def test_decode_view_follows_a_fused_optimizer_step(tiny_model_dir):
+    """The trainer's fused AdamW changes the adapters in place without bumping their version
+    counters: the decode view must still sample the stepped adapters (a resumed run once differed
+    from an uninterrupted one because the view kept the first step's adapters)."""
+    from ludic.training.lora import LoraSettings, load_policy
+
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    engine = TransformersEngine(model, tok)
+    engine.generate([list(range(5, 17))], [SamplingParams(temperature=1.0, max_tokens=2, seed=1)])
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=0.1, fused=True)
+    for p in trained:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    engine.generate([list(range(5, 17))], [SamplingParams(temperature=1.0, max_tokens=2, seed=1)])
+    _, src, dst = engine._decoder
+    assert all(torch.equal(d, s.to(d.dtype)) for s, d in zip(src, dst))
 
 
 def _name_of(model, tensor):

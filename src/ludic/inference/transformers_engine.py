@@ -55,9 +55,9 @@ class TransformersEngine:
         batch_wait_s: how long to wait for more requests before starting a batch.
         cast_adapters: sample from a decode view of a LoRA model: each LoRA linear becomes one matmul
             over ``[W; A]`` and one ``addmm`` with ``B`` (peft: three matmuls, plus casts of every
-            layer's input to the fp32 adapters and back), in the base weights' dtype. The view's
-            copies are refreshed before every batch from the tensors that changed since the last
-            (the adapters after an optimizer step; the base after a full-weight push). Every other
+            layer's input to the fp32 adapters and back), in the base weights' dtype. Before every
+            batch the view copies in the trained adapters, and the base weights when they changed
+            (a full-weight push: a version bump, or ``swap_weights``). Every other
             tensor is shared with the model; the adapted linears' base weights are copied once
             (about 200 MB for SmolLM2-135M in bf16 with LoRA on every linear). Nothing to do when
             the model has no adapters.
@@ -186,8 +186,12 @@ class TransformersEngine:
             self._decoder = _cast_adapter_view(self.model) or (self.model, [], [])
             self._synced = None
         view, src, dst = self._decoder
-        versions = [t._version for t in src]  # bumped by every in-place change (optimizer steps, copy_)
-        stale = [i for i, v in enumerate(versions) if self._synced is None or v != self._synced[i]]
+        # Trained tensors are copied every batch: a fused optimizer step changes them in place without
+        # bumping their version counters. Frozen ones (the base) only when their version moved
+        # (copy_, load_state_dict) or after swap_weights.
+        versions = [t._version for t in src]
+        stale = [i for i, v in enumerate(versions)
+                 if src[i].requires_grad or self._synced is None or v != self._synced[i]]
         if stale:  # the trained adapters (and changed base weights), cast to the base dtype
             torch._foreach_copy_([dst[i] for i in stale], [src[i] for i in stale])
         self._synced = versions
