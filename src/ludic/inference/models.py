@@ -140,8 +140,16 @@ def resolve_dtype(dtype: str, device: str = "cpu") -> str:
     return dtype
 
 
+LOAD_LOCK = threading.RLock()
+"""transformers' loading is not thread-safe: two threads of one process loading at once (the learner
+and its ``--overlap`` actor) met a meta-device context left by the other ("Cannot copy out of meta
+tensor"), and in a fresh process a half-done lazy import ("cannot import name 'AutoTokenizer'").
+Tokenizer and model loads in one process are serialised (``ludic.training.lora.load_policy`` holds
+the lock for the whole policy: tokenizer, model, adapter and seeded LoRA init)."""
+
+
 def load_tokenizer(name: str | None) -> Any:
-    with LOAD_LOCK:  # (defined below; see there)
+    with LOAD_LOCK:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(resolve_model(name))
@@ -190,14 +198,6 @@ def _register_attention() -> None:
 
     AttentionInterface.register(CPU_BF16_ATTENTION, cpu_bf16_attention)
     AttentionMaskInterface.register(CPU_BF16_ATTENTION, sdpa_mask)
-
-
-LOAD_LOCK = threading.RLock()
-"""transformers' loading is not thread-safe: two threads of one process loading at once (the learner
-and its ``--overlap`` actor) met a meta-device context left by the other ("Cannot copy out of meta
-tensor"), and in a fresh process a half-done lazy import ("cannot import name 'AutoTokenizer'").
-Tokenizer and model loads in one process are serialised (``ludic.training.lora.load_policy`` holds
-the lock for the whole policy: tokenizer, model, adapter and seeded LoRA init)."""
 
 
 def load_model(name: str | None, dtype: str = "auto", device: str = "cpu") -> Any:

@@ -372,8 +372,9 @@ def _cast_adapter_view(model: Any) -> tuple[Any, list[Any], list[Any]] | None:
     or None when the model has no LoRA adapters. The view is a copy of the module tree that shares
     every parameter and buffer with ``model`` except at the LoRA linears, which become members of
     ``_FusedLoraGroup`` modules in the base dtype (q, k and v together; gate and up together; the
-    others alone; where a linear cannot be fused, its adapters are cast to the base dtype). ``_refresh`` copies the trained adapters in before every batch, and
-    the base weights of the fused linears when they changed in place (a full-weight push)."""
+    others alone; where a linear cannot be fused, its adapters are cast to the base dtype).
+    ``TransformersEngine._decode_model`` copies the sources into the view before every batch (see
+    there for which)."""
     import copy
 
     params = list(model.named_parameters())
@@ -390,12 +391,20 @@ def _cast_adapter_view(model: Any) -> tuple[Any, list[Any], list[Any]] | None:
     dst: list[Any] = []
     originals = dict(model.named_modules())
     fusable = {name for name, module in view.named_modules() if _fusable(module)}
+    def scale(name: str) -> float:
+        o = originals[name]
+        return float(o.scaling[next(iter(o.lora_A))])
+
+    def alike(members: list[str]) -> bool:  # one matmul needs one input size and one LoRA scale
+        return (len({originals[m].base_layer.in_features for m in members}) == 1
+                and len({scale(m) for m in members}) == 1)
+
     groups: list[list[str]] = []
     for name in sorted(fusable):
         parent, _, attr = name.rpartition(".")
         sibs = next((g for g in _SIBLINGS if attr in g), ())
         members = [f"{parent}.{a}" if parent else a for a in sibs]
-        if attr in sibs and all(m in fusable for m in members):
+        if sibs and all(m in fusable for m in members) and alike(members):
             if attr == sibs[0]:
                 groups.append(members)
         else:
@@ -403,14 +412,9 @@ def _cast_adapter_view(model: Any) -> tuple[Any, list[Any], list[Any]] | None:
     for members in groups:
         origs = [originals[m] for m in members]
         keys = [next(iter(o.lora_A)) for o in origs]
-        scales = {float(o.scaling[k]) for o, k in zip(origs, keys)}
-        ins = {o.base_layer.in_features for o in origs}
-        if len(members) > 1 and (len(scales) > 1 or len(ins) > 1):
-            groups += [[m] for m in members]  # siblings that differ: each fused alone
-            continue
         a = [o.lora_A[k].weight for o, k in zip(origs, keys)]
         b = [o.lora_B[k].weight for o, k in zip(origs, keys)]
-        group = _FusedLoraGroup([o.base_layer for o in origs], a, b, scales.pop(), dtype)
+        group = _FusedLoraGroup([o.base_layer for o in origs], a, b, scale(members[0]), dtype)
         for i, m in enumerate(members):
             parent, _, attr = m.rpartition(".")
             setattr(view.get_submodule(parent) if parent else view, attr, _GroupMember(group, i))
