@@ -163,21 +163,31 @@ CPU_BF16_ATTENTION = "ludic_cpu_bf16_sdpa"
 
 
 def cpu_bf16_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, **kwargs: Any) -> Any:
-    """transformers' sdpa attention, except for a decode step (one query token) of a bf16 model on
-    CPU, which is computed here in fp32 over the grouped query heads (no repeat of the key/value
-    heads) and returned in bf16.
+    """transformers' sdpa attention for a bf16 model on CPU, computed in fp32 and returned in bf16.
 
-    torch's bf16 SDPA kernel on CPU took 0.87-1.1 ms per call for one query token against 160 keys
-    (16 rows, 9 query and 3 key/value heads); this path takes 0.21 ms, casts included, with less
-    error (fp32 scores). That was a quarter of the GRPO benchmark's generation time. With more than
-    one query token (prefill, training) the plain sdpa path runs unchanged."""
+    torch's bf16 SDPA kernels on CPU are slower than its fp32 ones, and less exact:
+    - a decode step (one query token) took 0.87-1.1 ms per call against 160 keys (16 rows, 9 query
+      and 3 key/value heads); it is computed here as one fp32 matmul over the grouped query heads
+      (no repeat of the key/value heads): 0.21 ms, casts included. That was a quarter of the GRPO
+      benchmark's generation time.
+    - prefill and training (many query tokens) go through the same sdpa call with fp32 inputs:
+      forward + backward of the GRPO benchmark's tail attention (8 rows x 33 queries x 184 keys,
+      9 / 3 heads) 9.2 ms in bf16, 4.3 ms in fp32 (casts and their backward included); the causal
+      151-token prefix 3.0 -> 1.7 ms. The trainer's attention was a quarter of its step.
+    fp32 scores and softmax, one bf16 rounding of the output: the sampler (decode) and the trainer
+    (prefill-style scoring) compute attention the same way. Other dtypes, devices and attention
+    variants (softcap, sinks, position bias) run transformers' sdpa unchanged."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    plain = (query.shape[-2] != 1 or query.dtype != torch.bfloat16 or query.device.type != "cpu"
+    plain = (query.dtype != torch.bfloat16 or query.device.type != "cpu"
              or any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks", "position_bias")))
     if plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    if query.shape[-2] != 1:
+        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
+                                              **kwargs)
+        return out.to(torch.bfloat16), weights
     b, h, _, d = query.shape
     h_kv, n = key.shape[1], key.shape[-2]
     scaling = kwargs.get("scaling")

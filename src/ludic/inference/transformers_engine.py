@@ -16,8 +16,8 @@ optimizer step, bump ``policy_version`` and the next tokens come from the new
 weights. Every sampled token is tagged with the version that produced it.
 
 Sampling is per request: temperature (0 = greedy), top-k, top-p, max tokens,
-stop strings and a seed (Gumbel-max with a per-request generator, so a seed
-reproduces its tokens given the same batch layout). Log-probs are those of
+stop strings and a seed (inverse-CDF draws from a per-request generator, so a
+seed reproduces its tokens given the same batch layout). Log-probs are those of
 the distribution each token was drawn from: log_softmax(logits / T), over the
 top-k / top-p set when those are on (vLLM's ``processed_logprobs``); greedy
 rows report temperature-1 log-probs. The trainer scores at the same T.
@@ -35,6 +35,7 @@ import torch
 
 from ludic.tokenization import MIN_SHARED_PREFIX, common_prefix_len, render_ids
 from ludic.inference.client import ChatRequest, ChatResponse, SamplingParams
+from ludic.inference.decode import StaticDecoder
 from ludic.types import FinishReason, TokenTrace
 
 
@@ -62,6 +63,10 @@ class TransformersEngine:
             (about 200 MB for SmolLM2-135M in bf16 with LoRA on every linear). Nothing to do when
             the model has no adapters.
         threaded: generate on a worker thread instead of the event loop's thread (see above).
+        static_decode: decode Llama-family models with ``decode.StaticDecoder`` (a preallocated fp32
+            key/value cache written in place, one grouped attention matmul per layer) instead of the
+            model's forward with transformers' dynamic cache; other architectures always use the
+            forward.
     """
 
     def __init__(
@@ -74,8 +79,11 @@ class TransformersEngine:
         device: str | None = None,
         cast_adapters: bool = True,
         threaded: bool = False,
+        static_decode: bool = True,
     ) -> None:
         self.model = model
+        self.static_decode = static_decode
+        self._static: tuple[Any, StaticDecoder | None] | None = None  # (decode module, its decoder)
         self.cast_adapters = cast_adapters
         self.threaded = threaded
         self._decoder: tuple[Any, list[torch.Tensor], list[torch.Tensor]] | None = None
@@ -197,20 +205,34 @@ class TransformersEngine:
         self._synced = versions
         return view
 
+    def _static_decoder(self, model: Any) -> StaticDecoder | None:
+        """The ``StaticDecoder`` of the decode module ``model`` (built once per module), or None."""
+        if not self.static_decode:
+            return None
+        if self._static is None or self._static[0] is not model:
+            self._static = (model, StaticDecoder.build(model))
+        return self._static[1]
+
     def _generate(self, model: Any, prompts: list[list[int]], sampling: list[SamplingParams]) -> list[ChatResponse]:
         B, dev = len(prompts), self.device
-        # A prompt prefix shared by the whole batch (the system prompt) is prefilled once.
-        L = common_prefix_len(prompts)
+        # Each distinct prompt is prefilled once (a GRPO group is one prompt sampled many times), and a
+        # prefix shared by all of them (the system prompt) once for all; rows then gather their prompt's
+        # cache, last logits and positions.
+        distinct: dict[tuple[int, ...], int] = {}
+        row_of = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], device=dev)
+        unique = [list(p) for p in distinct]
+        U = len(unique)
+        L = common_prefix_len(unique)
         L = L if L >= MIN_SHARED_PREFIX else 0
         past = None
         if L:
-            prefix = torch.tensor([prompts[0][:L]], dtype=torch.long, device=dev)
+            prefix = torch.tensor([unique[0][:L]], dtype=torch.long, device=dev)
             past = model(input_ids=prefix, use_cache=True, logits_to_keep=_last(L, dev)).past_key_values
-            past.batch_repeat_interleave(B)
-        tails = [p[L:] for p in prompts]
+            past.batch_repeat_interleave(U)
+        tails = [p[L:] for p in unique]
         T = max(len(p) for p in tails)
-        input_ids = torch.full((B, T), self.pad_id, dtype=torch.long, device=dev)
-        attn = torch.zeros((B, L + T), dtype=torch.long, device=dev)
+        input_ids = torch.full((U, T), self.pad_id, dtype=torch.long, device=dev)
+        attn = torch.zeros((U, L + T), dtype=torch.long, device=dev)
         attn[:, :L] = 1
         for i, p in enumerate(tails):  # left padding between the shared prefix and each tail
             input_ids[i, T - len(p):] = torch.tensor(p, dtype=torch.long)
@@ -222,32 +244,37 @@ class TransformersEngine:
         top_ks = torch.tensor([s.top_k for s in sampling], device=dev, dtype=torch.long)
         max_new = [s.max_tokens for s in sampling]
         gens = [_generator(s.seed) for s in sampling]
-        stop_ids = torch.tensor(sorted(self.stop_ids), device=dev, dtype=torch.long)
 
         out = model(
             input_ids=input_ids, attention_mask=attn, position_ids=positions,
             past_key_values=past, use_cache=True, logits_to_keep=_last(T, dev),
         )
         past = out.past_key_values
-        logits = out.logits[:, -1, :].float()
+        logits = out.logits[:, -1, :].float()[row_of]
+        steps = max(max_new)
+        static = self._static_decoder(model)
+        if static is not None:
+            static.start(past, attn, steps, rows=row_of)
+        elif U < B:
+            past.batch_select_indices(row_of)
+        attn, pos = attn[row_of], positions[row_of, -1]
         tokens: list[list[int]] = [[] for _ in range(B)]
         logps: list[list[float]] = [[] for _ in range(B)]
         versions: list[list[int]] = [[] for _ in range(B)]
         finish: list[FinishReason | None] = [None] * B
         texts: list[str | None] = [None] * B
-        pos = positions[:, -1]
-        for step in range(max(max_new)):
+        for step in range(steps):
             chosen, chosen_logp = _sample(logits, temps, top_ps, top_ks, gens)
-            is_stop = torch.isin(chosen, stop_ids)
+            ids, lps = chosen.tolist(), chosen_logp.tolist()
             version = self.policy_version
             for i in range(B):
                 if finish[i] is not None:
                     continue
-                tok = int(chosen[i])
+                tok = ids[i]
                 tokens[i].append(tok)
-                logps[i].append(float(chosen_logp[i]))
+                logps[i].append(lps[i])
                 versions[i].append(version)
-                if bool(is_stop[i]):
+                if tok in self.stop_ids:
                     finish[i] = FinishReason.STOP
                 elif sampling[i].stop and (cut := _stop_string_text(self._tokenizer, tokens[i], sampling[i].stop)):
                     finish[i], texts[i] = FinishReason.STOP, cut
@@ -259,8 +286,11 @@ class TransformersEngine:
                 [tokens[i][-1] if finish[i] is None else self.pad_id for i in range(B)],
                 dtype=torch.long, device=dev,
             )
-            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=dev)], dim=1)
             pos = pos + 1
+            if static is not None:
+                logits = static.step(nxt, pos)
+                continue
+            attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=dev)], dim=1)
             out = model(
                 input_ids=nxt[:, None], attention_mask=attn, position_ids=pos[:, None],
                 past_key_values=past, use_cache=True,
@@ -453,13 +483,18 @@ def _sample(
     logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, top_ks: torch.Tensor,
     gens: list[torch.Generator],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row temperature / top-k / top-p sampling by Gumbel-max; temperature 0 is greedy.
+    """Per-row temperature / top-k / top-p sampling by inverse CDF; temperature 0 is greedy.
 
     logits: [B, V] float32 -> (token ids [B], their log-probs [B] in the distribution drawn from:
-    log_softmax of the scaled, truncated logits; temperature-1 log-probs for greedy rows).
+    log_softmax of the scaled, truncated logits; temperature-1 log-probs for greedy rows). Each row
+    draws one uniform number from its own generator (``_inverse_cdf``), so a seeded row gives the
+    same token whatever else is in the batch. About 1 ms a step for 16 rows of a 49152-token
+    vocabulary, against 5.4 ms for Gumbel-max (V random numbers and two logs per row).
     """
     greedy = temps <= 0
-    scaled = torch.where(greedy[:, None], logits, logits / temps.clamp(min=1e-6)[:, None])
+    scaled = logits
+    if bool((temps != 1).any()):
+        scaled = logits / torch.where(greedy, torch.ones_like(temps), temps.clamp(min=1e-6))[:, None]
     if bool((top_ks > 0).any()):
         k = top_ks.clamp(min=1, max=logits.shape[-1])
         kth = scaled.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
@@ -471,11 +506,33 @@ def _sample(
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted) & ~greedy[:, None]
         scaled = scaled.masked_fill(drop, float("-inf"))
     logp = torch.log_softmax(scaled, dim=-1)
-    V = logits.shape[-1]
-    u = torch.stack([torch.rand(V, generator=g) for g in gens]).to(logits.device)
-    gumbel = -torch.log(-torch.log(u.clamp(min=1e-20, max=1 - 1e-7)))
-    chosen = torch.where(greedy, logits.argmax(dim=-1), (scaled + gumbel).argmax(dim=-1))
+    u = torch.tensor([torch.rand(1, generator=g, dtype=torch.float64).item() for g in gens],
+                     dtype=torch.float64, device=logits.device)
+    chosen = _inverse_cdf(logp.exp(), u)
+    if bool(greedy.any()):
+        chosen = torch.where(greedy, logits.argmax(dim=-1), chosen)
     return chosen, logp.gather(1, chosen[:, None])[:, 0]
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """For each row of ``probs`` [B, V] (non-negative, not necessarily normalised), the index i with
+    cdf[i-1] <= u * total < cdf[i], for ``u`` [B] in [0, 1): an exact draw from the row's distribution
+    that never returns a zero-probability index. Two levels, in float64: sums of ``block``-token blocks
+    and their running total pick a block, then a running sum inside that block only (a full fp32
+    cumsum over V is a sequential pass, and loses ~1e-5 of the mass over 49152 terms)."""
+    B, V = probs.shape
+    nb = -(-V // block)
+    if nb * block != V:
+        probs = torch.nn.functional.pad(probs, (0, nb * block - V))
+    blocks = probs.view(B, nb, block)
+    ends = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [B, nb]
+    target = (u * ends[:, -1])[:, None]
+    b = torch.searchsorted(ends, target, right=True).clamp(max=nb - 1)  # [B, 1]; its block has mass > 0
+    before = torch.where(b > 0, ends.gather(1, (b - 1).clamp(min=0)), torch.zeros_like(target))
+    inner = blocks[torch.arange(B, device=probs.device), b[:, 0]].double().cumsum(-1)  # [B, block]
+    j = torch.searchsorted(inner, target - before, right=True)
+    last = (inner < inner[:, -1:]).sum(-1, keepdim=True)  # the block's last index with mass (rounding guard)
+    return (b * block + torch.minimum(j, last))[:, 0]
 
 
 def _stop_string_text(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> str | None:

@@ -1,0 +1,130 @@
+"""The engine's static-cache decode step (``ludic.inference.decode.StaticDecoder``) and its
+prefill of each distinct prompt once: exact against the model's own forward, which the engine
+falls back to (``static_decode=False``) and which every other architecture uses."""
+
+import pytest
+import torch
+
+from ludic.inference.client import SamplingParams
+from ludic.inference.decode import StaticDecoder
+from ludic.inference.models import load_model, load_tokenizer
+from ludic.inference.transformers_engine import TransformersEngine
+
+
+def _tiny(family: str, tok, dtype=torch.float32):
+    """A tiny random model of ``family`` (Qwen2: q/k/v biases; Qwen3: per-head q/k norms)."""
+    import transformers
+
+    cfg_cls, model_cls = {
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+    }[family]
+    torch.manual_seed(3)
+    cfg = cfg_cls(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                  tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    return model_cls(cfg).to(dtype).eval()
+
+
+def _prompts():
+    system = list(range(100, 124))  # a shared system prompt, then tails of different lengths
+    a, b, c = system + list(range(5, 14)), system + list(range(30, 34)), system + list(range(60, 71))
+    return [a, b, a, c, a, b]  # repeated prompts: a GRPO batch
+
+
+def _run(engine, prompts, params):
+    return [r.trace for r in engine.generate(prompts, params)]
+
+
+def _compare(model, tok, tol: float, **engine_kw):
+    prompts = _prompts()
+    greedy = [SamplingParams(temperature=0.0, max_tokens=10)] * len(prompts)
+    sampled = [SamplingParams(temperature=1.0, max_tokens=10, seed=i) for i in range(len(prompts))]
+    fast = TransformersEngine(model, tok, **engine_kw)
+    slow = TransformersEngine(model, tok, static_decode=False, **engine_kw)
+    assert fast._static_decoder(fast._decode_model()) is not None
+    for params in (greedy, sampled):
+        got, want = _run(fast, prompts, params), _run(slow, prompts, params)
+        for g, w in zip(got, want):
+            assert g.completion_ids == w.completion_ids
+            assert max(abs(x - y) for x, y in zip(g.logprobs, w.logprobs)) < tol
+    return got
+
+
+def test_static_decode_equals_the_models_forward_in_fp32(tiny_model_dir):
+    tok = load_tokenizer(str(tiny_model_dir))
+    model = load_model(str(tiny_model_dir), dtype="float32")
+    _compare(model, tok, 1e-5)
+
+
+def test_static_decode_equals_the_models_forward_in_bf16(tiny_model_dir):
+    """bf16 on CPU: the forward's decode attention is fp32 over a bf16 cache; the static cache holds
+    the same bf16-rounded keys and values in fp32."""
+    tok = load_tokenizer(str(tiny_model_dir))
+    model = load_model(str(tiny_model_dir), dtype="bfloat16")
+    _compare(model, tok, 1e-3)
+
+
+def test_static_decode_with_lora_and_the_fused_view(tiny_model_dir):
+    from ludic.training.lora import LoraSettings, load_policy
+
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(len(n)))
+    _compare(model, tok, 1e-5)
+    _compare(model, tok, 1e-5, cast_adapters=False)  # peft's own LoRA modules
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_static_decode_other_llama_family_models(tiny_model_dir, family):
+    tok = load_tokenizer(str(tiny_model_dir))
+    _compare(_tiny(family, tok), tok, 1e-5)
+
+
+def test_unsupported_models_decode_with_their_forward(tiny_model_dir):
+    """A sliding window in effect (Mistral's default) is not reproduced: no static decoder, and the
+    engine still generates through the model's forward."""
+    tok = load_tokenizer(str(tiny_model_dir))
+    model = _tiny("mistral", tok)
+    model.config.sliding_window = 8
+    assert StaticDecoder.build(model) is None
+    engine = TransformersEngine(model, tok)
+    [r] = engine.generate([list(range(5, 30))], [SamplingParams(temperature=0.0, max_tokens=4)])
+    assert len(r.trace.completion_ids) == 4
+
+
+def test_repeated_prompts_are_prefilled_once_and_decode_as_alone(tiny_model_dir):
+    """A batch [a, b, a, c, a, b] prefills a, b and c once each (3 rows, not 6), and every row decodes
+    as it does alone."""
+    tok = load_tokenizer(str(tiny_model_dir))
+    model = load_model(str(tiny_model_dir), dtype="float32")
+    engine = TransformersEngine(model, tok)
+    rows: list[int] = []
+    hook = model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    prompts = _prompts()
+    greedy = SamplingParams(temperature=0.0, max_tokens=6)
+    try:
+        batched = _run(engine, prompts, [greedy] * len(prompts))
+    finally:
+        hook.remove()
+    assert rows == [1, 3]  # the shared system prompt once, then the three distinct tails
+    for p, b in zip(prompts, batched):
+        [alone] = _run(engine, [p], [greedy])
+        assert b.completion_ids == alone.completion_ids
+        assert max(abs(x - y) for x, y in zip(b.logprobs, alone.logprobs)) < 1e-4
+
+
+def test_the_cache_refuses_a_step_past_its_size(tiny_model_dir):
+    tok = load_tokenizer(str(tiny_model_dir))
+    model = load_model(str(tiny_model_dir), dtype="float32")
+    dec = StaticDecoder.build(model)
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        past = model(input_ids=ids, use_cache=True).past_key_values
+    dec.start(past, torch.ones(1, 3, dtype=torch.long), max_new=1)
+    dec.step(torch.tensor([8]), torch.tensor([3]))
+    with pytest.raises(RuntimeError, match="no room left"):
+        dec.step(torch.tensor([9]), torch.tensor([4]))
