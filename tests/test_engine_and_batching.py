@@ -219,7 +219,7 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     (``[W; A]`` in one matmul, then B) in bf16, refreshed before every batch:
     after the adapters change, the sampler's log-probs are the trained model's; every tensor outside
     the LoRA linears is shared, not copied."""
-    from ludic.inference.transformers_engine import _GroupMember
+    from ludic.inference.decode import _GroupMember
     from ludic.training.lora import LoraSettings, load_policy
 
     model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="bfloat16", seed=0)

@@ -32,6 +32,50 @@ from typing import Any
 
 import torch
 
+PACK_ROWS = 16
+"""The batch size oneDNN's weight layout is chosen for (``pack``); any row count works."""
+
+_PACKING: dict[Any, bool] = {}  # dtype -> whether packed matmuls work (and match) on this machine
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` [out, in] reordered into oneDNN's blocked layout, or None where that is not
+    available (not CPU, not bf16 / fp32, a torch without oneDNN, or a probe that fails or differs).
+
+    A decode step multiplies a few rows by every weight matrix. Unpacked, oneDNN reorders the
+    weight on every call: 16 rows x SmolLM2's linears streamed weights at 7-9 GB/s on this 2-core
+    machine, 15-20 GB/s prepacked (bf16 bit for bit; fp32 to rounding). The packed tensor is a
+    snapshot: repack after the weight changes."""
+    if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    if weight.dtype not in _PACKING:
+        _PACKING[weight.dtype] = _probe(weight.dtype)
+    if not _PACKING[weight.dtype]:
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for 2-D ``x``, through ``packed`` (``pack(weight)``) when given."""
+    if packed is None:
+        return torch.nn.functional.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
+
+
+def _probe(dtype: Any) -> bool:
+    try:
+        if not torch.backends.mkldnn.is_available():
+            return False
+        g = torch.Generator().manual_seed(0)
+        w, x = torch.randn(40, 24, generator=g).to(dtype), torch.randn(5, 24, generator=g).to(dtype)
+        got = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS),
+                                                 None, "none", [None], "")
+        want = torch.nn.functional.linear(x.float(), w.float())
+        return got.dtype == dtype and bool(((got.float() - want).abs() <= 0.02 * want.abs().max()).all())
+    except (RuntimeError, AttributeError):
+        return False
+
+
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 """``config.model_type`` values whose decoder layer is pre-norm attention + MLP with rotary q/k
 (Qwen3 adds per-head q/k norms), a plain LM head, and no embedding, residual or logit multipliers."""
@@ -48,6 +92,12 @@ class StaticDecoder:
         self.config = base.config
         self.body = base.get_decoder()
         self.head = base.get_output_embeddings()
+        # a frozen head (LoRA: peft freezes it) is packed once; the engine rebuilds the decoder after
+        # swap_weights, and a head that trains is never packed (a fused optimizer step changes it in
+        # place without a version bump)
+        w = self.head.weight
+        self.head_packed = None if w.requires_grad or getattr(self.head, "bias", None) is not None else pack(w)
+        self._head_version = w._version
         self.layers = list(self.body.layers[: self.config.num_hidden_layers])
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
@@ -137,7 +187,165 @@ class StaticDecoder:
             x = x + attn.o_proj(o.reshape(B, self.heads * D).to(x.dtype))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         self.slot = t + 1
-        return self.head(self.body.norm(x)).float()
+        x = self.body.norm(x)
+        if self.head_packed is not None and self.head.weight._version != self._head_version:
+            self.head_packed, self._head_version = pack(self.head.weight), self.head.weight._version
+        if self.head_packed is None:
+            return self.head(x).float()
+        return linear(x, self.head.weight, None, self.head_packed).float()
+
+
+class _FusedLoraGroup(torch.nn.Module):
+    """LoRA linears that read the same input (q, k and v; gate and up; or one alone), for decoding
+    only: ``x @ [W_1; ..; W_k]^T`` in one matmul (over ``pack``-ed weights where oneDNN is there),
+    ``x @ [A_1; ..; A_k]^T`` in one small one, then ``+ scale * h_A @ B^T`` in one ``addmm`` with the
+    block-diagonal B. Three matmuls where peft runs three per linear, plus its casts, dropout call,
+    scaling multiply and add. The first member called with an input computes every member's output;
+    the others take their columns. ``weight``, ``lora_a`` and ``lora_b`` hold copies in the decode
+    dtype, which ``cast_adapter_view`` lists for refreshing; the packed weight follows ``weight``'s
+    version counter (a refresh of the base copies it; the adapters live apart, so a training step
+    repacks nothing)."""
+
+    def __init__(self, bases: list[torch.nn.Linear], a: list[torch.Tensor], b: list[torch.Tensor],
+                 scale: float, dtype: Any) -> None:
+        super().__init__()
+        self.scale = float(scale)
+        outs = [m.out_features for m in bases]
+        ranks = [t.shape[0] for t in a]
+        self.cols = [sum(outs[:i]) for i in range(len(outs) + 1)]  # member i: columns cols[i]:cols[i+1]
+        self.ranks = ranks
+        with torch.no_grad():
+            w = torch.cat([m.weight.to(dtype) for m in bases])
+            lora_a = torch.cat([t.to(dtype) for t in a])
+            lora_b = torch.zeros(sum(outs), sum(ranks), dtype=dtype)
+            r0 = 0
+            for i, t in enumerate(b):
+                lora_b[self.cols[i]:self.cols[i + 1], r0:r0 + ranks[i]] = t.to(dtype)
+                r0 += ranks[i]
+            parts = [m.bias.to(dtype) if m.bias is not None else torch.zeros(m.out_features, dtype=dtype) for m in bases]
+            bias = torch.cat(parts) if any(m.bias is not None for m in bases) else None
+        self.weight = torch.nn.Parameter(w, requires_grad=False)
+        self.lora_a = torch.nn.Parameter(lora_a, requires_grad=False)
+        self.lora_b = torch.nn.Parameter(lora_b, requires_grad=False)
+        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+        self.packed: torch.Tensor | None = None
+        self._packed_version = -1
+        self._x: torch.Tensor | None = None
+        self._y: torch.Tensor | None = None
+        self._left = 0
+
+    def copies(self) -> list[torch.Tensor]:
+        """Views of the copies, in the order W_1..W_k, A_1..A_k, B_1..B_k."""
+        n = len(self.ranks)
+        r = [sum(self.ranks[:i]) for i in range(n + 1)]
+        w = [self.weight[self.cols[i]:self.cols[i + 1]] for i in range(n)]
+        a = [self.lora_a[r[i]:r[i + 1]] for i in range(n)]
+        b = [self.lora_b[self.cols[i]:self.cols[i + 1], r[i]:r[i + 1]] for i in range(n)]
+        return w + a + b
+
+    def output(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        if x is not self._x:
+            if self.weight._version != self._packed_version:  # built, or the base copies were refreshed
+                self.packed, self._packed_version = pack(self.weight), self.weight._version
+            # 2-D input: on a strided 3-D input torch's linear expands the weight per row into a bmm
+            x2 = x.reshape(-1, x.shape[-1])
+            h = linear(x2, self.weight, self.bias, self.packed)
+            y = torch.addmm(h, torch.nn.functional.linear(x2, self.lora_a), self.lora_b.t(), alpha=self.scale)
+            self._x, self._y, self._left = x, y, len(self.ranks)
+        y = self._y
+        self._left -= 1
+        if self._left <= 0:  # every member has its columns: hold no activations between calls
+            self._x = self._y = None
+        return y[:, self.cols[i]:self.cols[i + 1]].reshape(*x.shape[:-1], self.cols[i + 1] - self.cols[i])
+
+
+class _GroupMember(torch.nn.Module):
+    """Stands in for one LoRA linear of a ``_FusedLoraGroup``."""
+
+    def __init__(self, group: _FusedLoraGroup, index: int) -> None:
+        super().__init__()
+        self.group, self.index = group, index
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.output(x, self.index)
+
+
+_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+"""Linears of one module that read the same input (Llama-style attention and MLP)."""
+
+
+def _fusable(module: Any) -> bool:
+    """A peft LoRA linear with one plain adapter (no DoRA or other variant), unmerged, over nn.Linear."""
+    names = list(getattr(module, "lora_A", {}) or {})
+    return (len(names) == 1 and isinstance(getattr(module, "base_layer", None), torch.nn.Linear)
+            and not getattr(module, "merged", False) and not getattr(module, "lora_variant", {})
+            and not getattr(module, "disable_adapters", False) and list(module.active_adapters) == names)
+
+
+def cast_adapter_view(model: Any) -> tuple[Any, list[Any], list[Any]] | None:
+    """(view, the tensors it copies from, the view's copies) for ``TransformersEngine(cast_adapters=True)``,
+    or None when the model has no LoRA adapters. The view is a copy of the module tree that shares
+    every parameter and buffer with ``model`` except at the LoRA linears, which become members of
+    ``_FusedLoraGroup`` modules in the base dtype (q, k and v together; gate and up together; the
+    others alone; where a linear cannot be fused, its adapters are cast to the base dtype).
+    ``TransformersEngine._decode_model`` copies the sources into the view before every batch (see
+    there for which)."""
+    import copy
+
+    params = list(model.named_parameters())
+    lora = [(n, p) for n, p in params if "lora_" in n]
+    base = [p for n, p in params if "lora_" not in n and p.is_floating_point()]
+    if not lora or not base:
+        return None
+    dtype = base[0].dtype
+    memo: dict[int, Any] = {id(p): p for n, p in params if "lora_" not in n}
+    memo.update({id(b): b for b in model.buffers()})
+    view = copy.deepcopy(model, memo)
+    view.eval()
+    src: list[Any] = []
+    dst: list[Any] = []
+    originals = dict(model.named_modules())
+    fusable = {name for name, module in view.named_modules() if _fusable(module)}
+    def scale(name: str) -> float:
+        o = originals[name]
+        return float(o.scaling[next(iter(o.lora_A))])
+
+    def alike(members: list[str]) -> bool:  # one matmul needs one input size and one LoRA scale
+        return (len({originals[m].base_layer.in_features for m in members}) == 1
+                and len({scale(m) for m in members}) == 1)
+
+    groups: list[list[str]] = []
+    for name in sorted(fusable):
+        parent, _, attr = name.rpartition(".")
+        sibs = next((g for g in _SIBLINGS if attr in g), ())
+        members = [f"{parent}.{a}" if parent else a for a in sibs]
+        if sibs and all(m in fusable for m in members) and alike(members):
+            if attr == sibs[0]:
+                groups.append(members)
+        else:
+            groups.append([name])
+    for members in groups:
+        origs = [originals[m] for m in members]
+        keys = [next(iter(o.lora_A)) for o in origs]
+        a = [o.lora_A[k].weight for o, k in zip(origs, keys)]
+        b = [o.lora_B[k].weight for o, k in zip(origs, keys)]
+        group = _FusedLoraGroup([o.base_layer for o in origs], a, b, scale(members[0]), dtype)
+        for i, m in enumerate(members):
+            parent, _, attr = m.rpartition(".")
+            setattr(view.get_submodule(parent) if parent else view, attr, _GroupMember(group, i))
+        src += [o.base_layer.weight for o in origs] + a + b
+        dst += group.copies()
+    mine = dict(view.named_parameters())
+    fused_src = {id(t) for t in src}
+    for n, p in lora:  # adapters left in peft modules (not fusable): cast copies
+        if id(p) in fused_src or n not in mine:
+            continue
+        q = mine[n]
+        q.requires_grad_(False)
+        q.data = q.data.to(dtype)
+        src.append(p)
+        dst.append(q)
+    return view, src, dst
 
 
 def _layer_kv(past: Any, i: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,7 +35,7 @@ import torch
 
 from ludic.tokenization import MIN_SHARED_PREFIX, common_prefix_len, render_ids
 from ludic.inference.client import ChatRequest, ChatResponse, SamplingParams
-from ludic.inference.decode import StaticDecoder
+from ludic.inference.decode import StaticDecoder, cast_adapter_view
 from ludic.types import FinishReason, TokenTrace
 
 
@@ -164,6 +164,7 @@ class TransformersEngine:
         async with self._gen_lock:
             await self._call(load)
             self._synced = None  # ``load`` may swap tensors' data without bumping versions: copy all
+            self._static = None  # and rebuild the static decoder (its packed LM head is a snapshot)
             self.policy_version = version
 
     # -- batched generation -------------------------------------------------
@@ -191,7 +192,7 @@ class TransformersEngine:
         if not self.cast_adapters:
             return self.model
         if self._decoder is None:
-            self._decoder = _cast_adapter_view(self.model) or (self.model, [], [])
+            self._decoder = cast_adapter_view(self.model) or (self.model, [], [])
             self._synced = None
         view, src, dst = self._decoder
         # Trained tensors are copied every batch: a fused optimizer step changes them in place without
@@ -318,149 +319,6 @@ def _last(n: int, device: Any = None) -> torch.Tensor:
     into a batched matmul: 553 ms instead of 2.6 ms for 16 rows of SmolLM2's 49152 x 576 head, at
     every prefill."""
     return torch.tensor([n - 1], device=device)
-
-
-class _FusedLoraGroup(torch.nn.Module):
-    """LoRA linears that read the same input (q, k and v; gate and up; or one alone), for decoding
-    only: ``x @ [W_1; ..; W_k; A_1; ..; A_k]^T`` in one matmul, then ``+ scale * h_A @ B^T`` in one
-    ``addmm`` with the block-diagonal B. Two matmuls where peft runs three per linear, plus its casts,
-    dropout call, scaling multiply and add. The first member called with an input computes every
-    member's output; the others take their columns. ``weight`` and ``lora_b`` hold copies in the
-    decode dtype, which ``_cast_adapter_view`` lists for refreshing."""
-
-    def __init__(self, bases: list[torch.nn.Linear], a: list[torch.Tensor], b: list[torch.Tensor],
-                 scale: float, dtype: Any) -> None:
-        super().__init__()
-        self.scale = float(scale)
-        outs = [m.out_features for m in bases]
-        ranks = [t.shape[0] for t in a]
-        self.cols = [sum(outs[:i]) for i in range(len(outs) + 1)]  # member i: columns cols[i]:cols[i+1]
-        with torch.no_grad():
-            w = torch.cat([m.weight.to(dtype) for m in bases] + [t.to(dtype) for t in a])
-            lora_b = torch.zeros(sum(outs), sum(ranks), dtype=dtype)
-            r0 = 0
-            for i, t in enumerate(b):
-                lora_b[self.cols[i]:self.cols[i + 1], r0:r0 + ranks[i]] = t.to(dtype)
-                r0 += ranks[i]
-            parts = [m.bias.to(dtype) if m.bias is not None else torch.zeros(m.out_features, dtype=dtype) for m in bases]
-            bias = torch.cat(parts + [torch.zeros(sum(ranks), dtype=dtype)]) if any(m.bias is not None for m in bases) else None
-        self.weight = torch.nn.Parameter(w, requires_grad=False)
-        self.lora_b = torch.nn.Parameter(lora_b, requires_grad=False)
-        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
-        self.ranks = ranks
-        self._x: torch.Tensor | None = None
-        self._y: torch.Tensor | None = None
-        self._left = 0
-
-    def copies(self) -> list[torch.Tensor]:
-        """Views of the copies, in the order W_1..W_k, A_1..A_k, B_1..B_k."""
-        n, out = len(self.ranks), self.cols[-1]
-        w = [self.weight[self.cols[i]:self.cols[i + 1]] for i in range(n)]
-        r = [out + sum(self.ranks[:i]) for i in range(n + 1)]
-        a = [self.weight[r[i]:r[i + 1]] for i in range(n)]
-        b = [self.lora_b[self.cols[i]:self.cols[i + 1], r[i] - out:r[i + 1] - out] for i in range(n)]
-        return w + a + b
-
-    def output(self, x: torch.Tensor, i: int) -> torch.Tensor:
-        if x is not self._x:
-            # 2-D input: on a strided 3-D input torch's linear expands the weight per row into a bmm
-            h = torch.nn.functional.linear(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
-            out = self.cols[-1]
-            self._x, self._y, self._left = x, torch.addmm(h[:, :out], h[:, out:], self.lora_b.t(), alpha=self.scale), len(self.ranks)
-        y = self._y
-        self._left -= 1
-        if self._left <= 0:  # every member has its columns: hold no activations between calls
-            self._x = self._y = None
-        return y[:, self.cols[i]:self.cols[i + 1]].reshape(*x.shape[:-1], self.cols[i + 1] - self.cols[i])
-
-
-class _GroupMember(torch.nn.Module):
-    """Stands in for one LoRA linear of a ``_FusedLoraGroup``."""
-
-    def __init__(self, group: _FusedLoraGroup, index: int) -> None:
-        super().__init__()
-        self.group, self.index = group, index
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.group.output(x, self.index)
-
-
-_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-"""Linears of one module that read the same input (Llama-style attention and MLP)."""
-
-
-def _fusable(module: Any) -> bool:
-    """A peft LoRA linear with one plain adapter (no DoRA or other variant), unmerged, over nn.Linear."""
-    names = list(getattr(module, "lora_A", {}) or {})
-    return (len(names) == 1 and isinstance(getattr(module, "base_layer", None), torch.nn.Linear)
-            and not getattr(module, "merged", False) and not getattr(module, "lora_variant", {})
-            and not getattr(module, "disable_adapters", False) and list(module.active_adapters) == names)
-
-
-def _cast_adapter_view(model: Any) -> tuple[Any, list[Any], list[Any]] | None:
-    """(view, the tensors it copies from, the view's copies) for ``TransformersEngine(cast_adapters=True)``,
-    or None when the model has no LoRA adapters. The view is a copy of the module tree that shares
-    every parameter and buffer with ``model`` except at the LoRA linears, which become members of
-    ``_FusedLoraGroup`` modules in the base dtype (q, k and v together; gate and up together; the
-    others alone; where a linear cannot be fused, its adapters are cast to the base dtype).
-    ``TransformersEngine._decode_model`` copies the sources into the view before every batch (see
-    there for which)."""
-    import copy
-
-    params = list(model.named_parameters())
-    lora = [(n, p) for n, p in params if "lora_" in n]
-    base = [p for n, p in params if "lora_" not in n and p.is_floating_point()]
-    if not lora or not base:
-        return None
-    dtype = base[0].dtype
-    memo: dict[int, Any] = {id(p): p for n, p in params if "lora_" not in n}
-    memo.update({id(b): b for b in model.buffers()})
-    view = copy.deepcopy(model, memo)
-    view.eval()
-    src: list[Any] = []
-    dst: list[Any] = []
-    originals = dict(model.named_modules())
-    fusable = {name for name, module in view.named_modules() if _fusable(module)}
-    def scale(name: str) -> float:
-        o = originals[name]
-        return float(o.scaling[next(iter(o.lora_A))])
-
-    def alike(members: list[str]) -> bool:  # one matmul needs one input size and one LoRA scale
-        return (len({originals[m].base_layer.in_features for m in members}) == 1
-                and len({scale(m) for m in members}) == 1)
-
-    groups: list[list[str]] = []
-    for name in sorted(fusable):
-        parent, _, attr = name.rpartition(".")
-        sibs = next((g for g in _SIBLINGS if attr in g), ())
-        members = [f"{parent}.{a}" if parent else a for a in sibs]
-        if sibs and all(m in fusable for m in members) and alike(members):
-            if attr == sibs[0]:
-                groups.append(members)
-        else:
-            groups.append([name])
-    for members in groups:
-        origs = [originals[m] for m in members]
-        keys = [next(iter(o.lora_A)) for o in origs]
-        a = [o.lora_A[k].weight for o, k in zip(origs, keys)]
-        b = [o.lora_B[k].weight for o, k in zip(origs, keys)]
-        group = _FusedLoraGroup([o.base_layer for o in origs], a, b, scale(members[0]), dtype)
-        for i, m in enumerate(members):
-            parent, _, attr = m.rpartition(".")
-            setattr(view.get_submodule(parent) if parent else view, attr, _GroupMember(group, i))
-        src += [o.base_layer.weight for o in origs] + a + b
-        dst += group.copies()
-    mine = dict(view.named_parameters())
-    fused_src = {id(t) for t in src}
-    for n, p in lora:  # adapters left in peft modules (not fusable): cast copies
-        if id(p) in fused_src or n not in mine:
-            continue
-        q = mine[n]
-        q.requires_grad_(False)
-        q.data = q.data.to(dtype)
-        src.append(p)
-        dst.append(q)
-    return view, src, dst
 
 
 def _stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
