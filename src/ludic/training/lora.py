@@ -86,7 +86,89 @@ def apply_lora(model: Any, lora: LoraSettings) -> Any:
         r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
         target_modules=targets, task_type="CAUSAL_LM", **extra,
     )
-    return get_peft_model(model, cfg)
+    model = get_peft_model(model, cfg)
+    fuse_lora_linears(model)
+    return model
+
+
+class _LoraLinear(torch.autograd.Function):
+    """``y = x W^T + b + s (x A^T) B^T`` for a frozen base ``W``, computed in ``x``'s dtype, with a
+    hand-written backward:
+
+        g_A' = s (dy B)            dx = dy W + g_A' A
+        dA   = g_A'^T x            dB = s dy^T (x A^T)
+
+    The adapters (fp32 master weights under a bf16 base) are cast once per call, not the
+    activations: peft casts every LoRA linear's input to fp32, runs both adapter matmuls there,
+    adds in fp32 and casts the sum back, in the forward and again in the backward. In fp32 the
+    two compute the same thing; in bf16 the adapter product is rounded to bf16 like every other
+    matmul of the step, and the adapters' gradients are cast back to their fp32 dtype."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float) -> torch.Tensor:
+        a, b = lora_a.to(x.dtype), lora_b.to(x.dtype)
+        x2 = x.reshape(-1, x.shape[-1])
+        xa = torch.nn.functional.linear(x2, a)  # [M, r]
+        y = torch.nn.functional.linear(x2, weight, bias).addmm_(xa, b.t(), alpha=scale)
+        ctx.save_for_backward(x2, xa, weight, a, b)
+        ctx.scale, ctx.shape, ctx.dtypes = scale, x.shape, (lora_a.dtype, lora_b.dtype)
+        return y.view(*x.shape[:-1], y.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        x2, xa, weight, a, b = ctx.saved_tensors
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        g = torch.mm(dy2, b).mul_(ctx.scale)  # [M, r]
+        dx = da = db = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.mm(dy2, weight).addmm_(g, a).view(ctx.shape)
+        if ctx.needs_input_grad[3]:
+            da = torch.mm(g.t(), x2).to(ctx.dtypes[0])
+        if ctx.needs_input_grad[4]:
+            db = torch.mm(dy2.t(), xa).mul_(ctx.scale).to(ctx.dtypes[1])
+        return dx, None, None, da, db, None
+
+
+def _lora_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """A peft LoRA linear's forward through ``_LoraLinear`` where that computes the same thing: one
+    active plain adapter (no DoRA or other variant), unmerged, no dropout in training, a frozen
+    ``nn.Linear`` base, plain (not sharded) tensors, no extra arguments. Otherwise peft's own."""
+    names = list(self.active_adapters) if not (args or kwargs) else []
+    if len(names) == 1 and names[0] in self.lora_A and self._ludic_fusable(names[0], x):
+        k = names[0]
+        base = self.base_layer
+        return _LoraLinear.apply(x, base.weight, base.bias, self.lora_A[k].weight, self.lora_B[k].weight,
+                                 float(self.scaling[k]))
+    return type(self).forward(self, x, *args, **kwargs)
+
+
+def _fusable_now(self: Any, k: str, x: torch.Tensor) -> bool:
+    base = self.base_layer
+    tensors = (base.weight, self.lora_A[k].weight, self.lora_B[k].weight)
+    return (isinstance(base, torch.nn.Linear) and not base.weight.requires_grad
+            and not getattr(self, "merged", False) and not getattr(self, "disable_adapters", False)
+            and not getattr(self, "lora_variant", {}).get(k) and x.is_floating_point()
+            and (not self.training or isinstance(self.lora_dropout[k], torch.nn.Identity))
+            and all(type(t) is torch.nn.Parameter and type(t.data) is torch.Tensor for t in tensors))
+
+
+def fuse_lora_linears(model: Any) -> int:
+    """Route every peft LoRA linear of ``model`` through ``_LoraLinear`` (``_lora_forward``, which falls
+    back to peft's forward wherever the two would differ). Parameters, state dicts and saved adapters
+    are unchanged. Returns the number of linears routed. The GRPO benchmark's training step
+    (16 items, bf16, LoRA r16 on every linear): about 3.1 s through peft, 2.7 s through this."""
+    import types
+
+    from peft.tuners.lora import Linear as LoraLinear
+
+    n = 0
+    for module in model.modules():
+        if isinstance(module, LoraLinear):
+            module._ludic_fusable = types.MethodType(_fusable_now, module)
+            module.forward = types.MethodType(_lora_forward, module)
+            n += 1
+    return n
 
 
 def load_policy(
