@@ -352,3 +352,27 @@ def test_batches_generate_on_the_event_loop_thread(tiny):
             assert seen and (set(seen) == {loop_thread}) == (not threaded), (threaded, set(seen), loop_thread)
     finally:
         hook.remove()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_token_logp_equals_log_softmax_gather_with_gradients(dtype, tol):
+    """The hand-written log-prob (``batching._TokenLogp``, used when no entropy is needed) gives the
+    autograd path's values and gradients, at per-row temperatures."""
+    from ludic.training.batching import _logp_entropy
+
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(6, 500, generator=g) * 3).to(dtype)
+    targets = torch.randint(0, 500, (6,), generator=g)
+    weights = torch.randn(6, generator=g)
+    for temp in (None, torch.tensor([1.0, 0.5, 2.0, 0.7, 1.0, 1.3])):
+        a = logits.clone().requires_grad_()
+        logp, ent = _logp_entropy(a, targets, False, temp)
+        (logp * weights).sum().backward()
+        b = logits.clone().requires_grad_()
+        z = b.float() if temp is None else b.float() / temp[:, None]
+        ref = torch.log_softmax(z, -1).gather(-1, targets[:, None])[:, 0]
+        (ref * weights).sum().backward()
+        assert ent is None and logp.dtype == torch.float32
+        assert torch.allclose(logp, ref, atol=1e-5)
+        assert a.grad.dtype == dtype
+        assert (a.grad.float() - b.grad.float()).abs().max() <= tol * b.grad.float().abs().max()

@@ -55,6 +55,14 @@ def test_prefill_and_training_attention_run_sdpa_in_fp32_with_gradients():
         assert got.dtype == torch.bfloat16
         assert (got.float() - want).abs().max() <= 0.02 * want.abs().max()
 
+    # a padding mask (left-padded row 0), where transformers repeats the grouped key/value heads
+    mask = torch.ones(2, 1, 9, 9, dtype=torch.bool).tril()
+    mask[0, :, :, :3] = False
+    mask[0, :, :3, :3] = torch.eye(3, dtype=torch.bool)  # padding rows attend to themselves
+    out, _ = cpu_bf16_attention(module, q, k, v, mask, scaling=0.25)
+    ref, _ = sdpa_attention_forward(module, q.float(), k.float(), v.float(), mask, scaling=0.25)
+    assert ((out.float() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-5).all()  # fp32 math, one bf16 rounding
+
 
 def test_fp32_models_run_plain_sdpa_bit_for_bit():
     module = SimpleNamespace(num_key_value_groups=1, is_causal=True)

@@ -170,10 +170,13 @@ def cpu_bf16_attention(module: Any, query: Any, key: Any, value: Any, attention_
       and 3 key/value heads); it is computed here as one fp32 matmul over the grouped query heads
       (no repeat of the key/value heads): 0.21 ms, casts included. That was a quarter of the GRPO
       benchmark's generation time.
-    - prefill and training (many query tokens) go through the same sdpa call with fp32 inputs:
-      forward + backward of the GRPO benchmark's tail attention (8 rows x 33 queries x 184 keys,
-      9 / 3 heads) 9.2 ms in bf16, 4.3 ms in fp32 (casts and their backward included); the causal
-      151-token prefix 3.0 -> 1.7 ms. The trainer's attention was a quarter of its step.
+    - prefill and training (many query tokens) run torch's sdpa with fp32 inputs, as transformers'
+      sdpa path would (its causal and mask rules), except that grouped key/value heads are read in
+      place (``enable_gqa``) also under a padding mask, where transformers repeats them: forward +
+      backward of the GRPO benchmark's tail attention (8 rows x 33 queries x 184 keys, 9 / 3 heads)
+      9.2 ms in bf16 with the repeat, 6.2 ms in fp32 with it, 4.3 ms in fp32 without (casts and their
+      backward included); the causal 151-token prefix 3.0 -> 1.7 ms. The trainer's attention was a
+      quarter of its step.
     fp32 scores and softmax, one bf16 rounding of the output: the sampler (decode) and the trainer
     (prefill-style scoring) compute attention the same way. Other dtypes, devices and attention
     variants (softcap, sinks, position bias) run transformers' sdpa unchanged."""
@@ -181,13 +184,19 @@ def cpu_bf16_attention(module: Any, query: Any, key: Any, value: Any, attention_
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     plain = (query.dtype != torch.bfloat16 or query.device.type != "cpu"
-             or any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks", "position_bias")))
+             or any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks", "position_bias", "cache")))
     if plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    if query.shape[-2] != 1:
-        out, weights = sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
-                                              **kwargs)
-        return out.to(torch.bfloat16), weights
+    q_len, kv_len = query.shape[-2], key.shape[-2]
+    if q_len != 1:  # sdpa_attention_forward's semantics, with grouped heads read in place even under a mask
+        causal = kwargs.get("is_causal")
+        causal = q_len > 1 and attention_mask is None and (causal if causal is not None else getattr(module, "is_causal", True))
+        if causal and kv_len > q_len:
+            key, value = key[:, :, :q_len], value[:, :, :q_len]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query.float(), key.float(), value.float(), attn_mask=attention_mask, dropout_p=kwargs.get("dropout", 0.0),
+            scale=kwargs.get("scaling"), is_causal=causal, enable_gqa=query.shape[1] != key.shape[1])
+        return out.transpose(1, 2).contiguous().to(torch.bfloat16), None
     b, h, _, d = query.shape
     h_kv, n = key.shape[1], key.shape[-2]
     scaling = kwargs.get("scaling")

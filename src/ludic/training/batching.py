@@ -455,9 +455,45 @@ def score_hidden(
     return torch.cat(logps), (torch.cat(ents) if need_entropy else None), h
 
 
+class _TokenLogp(torch.autograd.Function):
+    """log softmax(logits / T)[target] per row, in fp32, with a hand-written backward:
+    d logp / d logits = (onehot(target) - softmax(logits / T)) / T.
+
+    The autograd path (``logits.float()``, ``log_softmax``, ``gather``) keeps an fp32 copy and the
+    fp32 log-softmax of the [N, V] logits, and its backward allocates and fills a zero [N, V]
+    gradient for the gather, another for the log-softmax and a third for the cast: five fresh
+    [N, V] fp32 tensors per micro-batch (SmolLM2: 49152 columns, 200 rows, 39 MB each). This one
+    keeps the logits as they came and one fp32 number per row, and computes the gradient in a
+    single fp32 buffer, in place."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, targets: Tensor, temperature: Tensor | None) -> Tensor:
+        z = logits.float()
+        if temperature is not None:
+            z = z / temperature[:, None]
+        lse = torch.logsumexp(z, dim=-1)
+        logp = z.gather(-1, targets[:, None])[:, 0] - lse
+        ctx.save_for_backward(logits, targets, lse, temperature)
+        return logp
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None]:
+        logits, targets, lse, temperature = ctx.saved_tensors
+        grad = logits.float()
+        if temperature is not None:
+            grad.div_(temperature[:, None])
+        grad.sub_(lse[:, None]).exp_().mul_(-g[:, None])  # -g * softmax(z)
+        grad.scatter_add_(-1, targets[:, None], g[:, None])  # + g at the target
+        if temperature is not None:
+            grad.div_(temperature[:, None])
+        return grad.to(logits.dtype), None, None
+
+
 def _logp_entropy(
     logits: Tensor, targets: Tensor, need_entropy: bool, temperature: Tensor | None = None
 ) -> tuple[Tensor, Tensor | None]:
+    if not need_entropy:
+        return _TokenLogp.apply(logits, targets, temperature), None
     logits = logits.float()
     if temperature is not None:
         logits = logits / temperature[:, None]
