@@ -27,10 +27,12 @@ def _tiny(family: str, tok, dtype=torch.float32):
     return model_cls(cfg).to(dtype).eval()
 
 
-def _prompts():
+def _prompts(grpo: bool = False):
     system = list(range(100, 124))  # a shared system prompt, then tails of different lengths
     a, b, c = system + list(range(5, 14)), system + list(range(30, 34)), system + list(range(60, 71))
-    return [a, b, a, c, a, b]  # repeated prompts: a GRPO batch
+    if grpo:  # 3 prompts x 2 samples, interleaved: decoded grouped (each prompt's keys read once)
+        return [a, b, c, a, b, c]
+    return [a, b, a, c, a, b]  # repeated prompts, unequal counts: every row its own keys
 
 
 def _run(engine, prompts, params):
@@ -38,18 +40,20 @@ def _run(engine, prompts, params):
 
 
 def _compare(model, tok, tol: float, **engine_kw):
-    prompts = _prompts()
-    greedy = [SamplingParams(temperature=0.0, max_tokens=10)] * len(prompts)
-    sampled = [SamplingParams(temperature=1.0, max_tokens=10, seed=i) for i in range(len(prompts))]
     fast = TransformersEngine(model, tok, **engine_kw)
     slow = TransformersEngine(model, tok, static_decode=False, **engine_kw)
-    assert fast._static_decoder(fast._decode_model()) is not None
-    for params in (greedy, sampled):
-        got, want = _run(fast, prompts, params), _run(slow, prompts, params)
-        for g, w in zip(got, want):
-            assert g.completion_ids == w.completion_ids
-            assert max(abs(x - y) for x, y in zip(g.logprobs, w.logprobs)) < tol
-    return got
+    static = fast._static_decoder(fast._decode_model())
+    assert static is not None
+    for grpo in (False, True):
+        prompts = _prompts(grpo)
+        greedy = [SamplingParams(temperature=0.0, max_tokens=10)] * len(prompts)
+        sampled = [SamplingParams(temperature=1.0, max_tokens=10, seed=i) for i in range(len(prompts))]
+        for params in (greedy, sampled):
+            got, want = _run(fast, prompts, params), _run(slow, prompts, params)
+            assert static.group == (2 if grpo else 0)
+            for g, w in zip(got, want):
+                assert g.completion_ids == w.completion_ids
+                assert max(abs(x - y) for x, y in zip(g.logprobs, w.logprobs)) < tol
 
 
 def test_static_decode_equals_the_models_forward_in_fp32(tiny_model_dir):

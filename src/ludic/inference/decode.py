@@ -106,8 +106,11 @@ class StaticDecoder:
         self.scaling = float(attn.scaling)
         self.qk_norm = hasattr(attn, "q_norm") and hasattr(attn, "k_norm")
         self.rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
-        self.keys: list[torch.Tensor] = []
+        self.keys: list[torch.Tensor] = []  # per layer [rows * kv, slots, D] fp32
         self.values: list[torch.Tensor] = []
+        self.prompt_keys: list[torch.Tensor] = []  # grouped batches: per layer [prompts * kv, L, D]
+        self.prompt_values: list[torch.Tensor] = []
+        self.group = 0  # rows per prompt when grouped (see start), else 0
         self.mask: torch.Tensor | None = None
         self.slot = 0
 
@@ -138,26 +141,47 @@ class StaticDecoder:
     def start(self, past: Any, attention_mask: torch.Tensor, max_new: int, rows: torch.Tensor | None = None) -> None:
         """Take a prefilled transformers cache (``past``: every layer's keys and values, [P, kv, L, D])
         and its 0/1 ``attention_mask`` [P, L] for a batch that decodes at most ``max_new`` tokens;
-        ``rows`` [B] picks each decoded row's prefilled row (default: row i is prefilled row i)."""
+        ``rows`` [B] picks each decoded row's prefilled row (default: row i is prefilled row i).
+
+        When the rows are R copies of each prefilled row in order (``rows`` = 0,0,..,1,1,..: a GRPO
+        batch of P prompts x R samples, as the engine arranges it), the prompt's keys and values are
+        kept once per prompt and attended by its R rows together (``_grouped_attention``): the
+        attention then reads the prompt part of the cache once per prompt instead of once per row.
+        Otherwise every row gets its own copy."""
         P, L = attention_mask.shape
-        rows = torch.arange(P, device=attention_mask.device) if rows is None else rows
-        B, total, D = rows.shape[0], L + max_new, self.head_dim
-        self.keys, self.values = [], []
+        dev, D = attention_mask.device, self.head_dim
+        rows = torch.arange(P, device=dev) if rows is None else rows
+        B = rows.shape[0]
+        R = B // P
+        grouped = P < B and R * P == B and torch.equal(rows, torch.arange(P, device=dev).repeat_interleave(R))
+        self.group = R if grouped else 0
+        self.keys, self.values, self.prompt_keys, self.prompt_values = [], [], [], []
+        mask = torch.zeros(P, L, dtype=torch.float32, device=dev).masked_fill_(attention_mask == 0, float("-inf"))
         for i in range(len(self.layers)):
             k, v = _layer_kv(past, i)
             if k.shape[0] != P or k.shape[-2] != L:
                 raise ValueError(f"prefilled cache layer {i} is {tuple(k.shape)}, the batch is {P} rows of {L}")
-            kb = torch.empty(B, self.kv_heads, total, D, dtype=torch.float32, device=k.device)
+            if grouped:  # the prompt once per prompt, then R rows of generated keys per prompt
+                self.prompt_keys.append(k.reshape(P * self.kv_heads, L, D).float())
+                self.prompt_values.append(v.reshape(P * self.kv_heads, L, D).float())
+                kb = torch.empty(B * self.kv_heads, max_new, D, dtype=torch.float32, device=dev)
+                self.keys.append(kb)
+                self.values.append(torch.empty_like(kb))
+                continue
+            kb = torch.empty(B, self.kv_heads, L + max_new, D, dtype=torch.float32, device=dev)
             vb = torch.empty_like(kb)
             kb[:, :, :L].copy_(k[rows])
             vb[:, :, :L].copy_(v[rows])
-            self.keys.append(kb.view(B * self.kv_heads, total, D))
-            self.values.append(vb.view(B * self.kv_heads, total, D))
-        mask = torch.zeros(B, total, dtype=torch.float32, device=attention_mask.device)
-        mask[:, :L].masked_fill_(attention_mask[rows] == 0, float("-inf"))
-        # [B * kv, 1, total]: one row of key-slot biases per (row, kv head), shared by its query heads
-        self.mask = mask.repeat_interleave(self.kv_heads, dim=0)[:, None, :]
-        self.slot = L
+            self.keys.append(kb.view(B * self.kv_heads, L + max_new, D))
+            self.values.append(vb.view(B * self.kv_heads, L + max_new, D))
+        if grouped:  # [P * kv, 1, L]: the prompt's padding, shared by its rows' query heads
+            self.mask = mask.repeat_interleave(self.kv_heads, dim=0)[:, None, :]
+            self.slot = 0
+        else:  # [B * kv, 1, L + max_new]: one row of key-slot biases per (row, kv head)
+            full = torch.zeros(B, L + max_new, dtype=torch.float32, device=dev)
+            full[:, :L] = mask[rows]
+            self.mask = full.repeat_interleave(self.kv_heads, dim=0)[:, None, :]
+            self.slot = L
 
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -168,7 +192,7 @@ class StaticDecoder:
             raise RuntimeError("StaticDecoder.step: no room left in the cache (start() sized it)")
         x = self.body.embed_tokens(input_ids)  # [B, H]
         cos, sin = self.body.rotary_emb(x, positions[:, None])  # [B, 1, D] in the model dtype
-        mask = self.mask[:, :, : t + 1]
+        mask = self.mask if self.group else self.mask[:, :, : t + 1]
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
@@ -182,8 +206,11 @@ class StaticDecoder:
             kc[:, t].copy_(k.reshape(B * self.kv_heads, D))
             vc[:, t].copy_(v.reshape(B * self.kv_heads, D))
             qf = q.reshape(B * self.kv_heads, g, D).float()  # query head j reads kv head j // g
-            scores = torch.baddbmm(mask, qf, kc[:, : t + 1].transpose(1, 2), alpha=self.scaling)
-            o = torch.bmm(torch.softmax(scores, -1), vc[:, : t + 1])  # [B * kv, g, D]
+            if self.group:
+                o = self._grouped_attention(qf, i, t + 1)
+            else:
+                scores = torch.baddbmm(mask, qf, kc[:, : t + 1].transpose(1, 2), alpha=self.scaling)
+                o = torch.bmm(torch.softmax(scores, -1), vc[:, : t + 1])  # [B * kv, g, D]
             x = x + attn.o_proj(o.reshape(B, self.heads * D).to(x.dtype))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         self.slot = t + 1
@@ -193,6 +220,23 @@ class StaticDecoder:
         if self.head_packed is None:
             return self.head(x).float()
         return linear(x, self.head.weight, None, self.head_packed).float()
+
+    def _grouped_attention(self, qf: torch.Tensor, i: int, n: int) -> torch.Tensor:
+        """Attention of ``qf`` [B * kv, g, D] (rows r of prompt p at p * R + r) over its prompt's keys
+        (``prompt_keys[i]``: [P * kv, L, D], read once per prompt for all R rows, whose query heads
+        are stacked: [P * kv, R * g, D]) and its own ``n`` generated keys, in one softmax."""
+        Bkv, g, D = qf.shape
+        R, kv = self.group, self.kv_heads
+        P, L = Bkv // kv // R, self.prompt_keys[i].shape[1]
+        qf = qf * self.scaling
+        stacked = qf.view(P, R, kv, g, D).transpose(1, 2).reshape(P * kv, R * g, D)
+        prompt = torch.baddbmm(self.mask, stacked, self.prompt_keys[i].transpose(1, 2))  # [P * kv, R * g, L]
+        prompt = prompt.view(P, kv, R, g, L).transpose(1, 2).reshape(Bkv, g, L)
+        own = torch.bmm(qf, self.keys[i][:, :n].transpose(1, 2))  # [B * kv, g, n]
+        p = torch.softmax(torch.cat([prompt, own], -1), -1)
+        p_prompt = p[..., :L].reshape(P, R, kv, g, L).transpose(1, 2).reshape(P * kv, R * g, L)
+        o = torch.bmm(p_prompt, self.prompt_values[i]).view(P, kv, R, g, D).transpose(1, 2).reshape(Bkv, g, D)
+        return o.add_(torch.bmm(p[..., L:], self.values[i][:, :n]))
 
 
 class _FusedLoraGroup(torch.nn.Module):

@@ -218,9 +218,18 @@ class TransformersEngine:
         B, dev = len(prompts), self.device
         # Each distinct prompt is prefilled once (a GRPO group is one prompt sampled many times), and a
         # prefix shared by all of them (the system prompt) once for all; rows then gather their prompt's
-        # cache, last logits and positions.
+        # cache, last logits and positions. Rows run sorted by prompt (the static decoder then reads a
+        # prompt's keys once for all its rows) and are returned in the caller's order.
         distinct: dict[tuple[int, ...], int] = {}
-        row_of = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompts], device=dev)
+        keys = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        order = sorted(range(B), key=keys.__getitem__)
+        if order != list(range(B)):
+            done = self._generate(model, [prompts[i] for i in order], [sampling[i] for i in order])
+            out: list[Any] = [None] * B
+            for j, i in enumerate(order):
+                out[i] = done[j]
+            return out
+        row_of = torch.tensor(keys, device=dev)
         unique = [list(p) for p in distinct]
         U = len(unique)
         L = common_prefix_len(unique)
