@@ -54,14 +54,16 @@ class TransformersEngine:
         tokenizer: its tokenizer (chat template required for message prompts).
         max_batch_size: most sequences per generation batch.
         batch_wait_s: how long to wait for more requests before starting a batch.
-        cast_adapters: sample from a decode view of a LoRA model: each LoRA linear becomes one matmul
-            over ``[W; A]`` and one ``addmm`` with ``B`` (peft: three matmuls, plus casts of every
-            layer's input to the fp32 adapters and back), in the base weights' dtype. Before every
-            batch the view copies in the trained adapters, and the base weights when they changed
-            (a full-weight push: a version bump, or ``swap_weights``). Every other
+        cast_adapters: sample from a decode view of a LoRA model (``decode.cast_adapter_view``): the
+            LoRA linears that read one input (q, k, v; gate, up) become one matmul over their base
+            weights, prepacked for oneDNN, one small matmul with their ``A`` and one ``addmm`` with
+            their block-diagonal ``B`` (peft: three matmuls per linear, plus casts of every layer's
+            input to the fp32 adapters and back), in the base weights' dtype. Before every batch the
+            view copies in the trained adapters, and the base weights when they changed (a
+            full-weight push: a version bump, or ``swap_weights``), then repacks those. Every other
             tensor is shared with the model; the adapted linears' base weights are copied once
-            (about 200 MB for SmolLM2-135M in bf16 with LoRA on every linear). Nothing to do when
-            the model has no adapters.
+            (about 200 MB for SmolLM2-135M in bf16 with LoRA on every linear, and as much again
+            packed). Nothing to do when the model has no adapters.
         threaded: generate on a worker thread instead of the event loop's thread (see above).
         static_decode: decode Llama-family models with ``decode.StaticDecoder`` (a preallocated fp32
             key/value cache written in place, one grouped attention matmul per layer) instead of the
