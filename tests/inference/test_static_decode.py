@@ -132,3 +132,27 @@ def test_the_cache_refuses_a_step_past_its_size(tiny_model_dir):
     dec.step(torch.tensor([8]), torch.tensor([3]))
     with pytest.raises(RuntimeError, match="no room left"):
         dec.step(torch.tensor([9]), torch.tensor([4]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_weights_multiply_as_the_plain_ones(dtype):
+    """``decode.pack`` / ``decode.linear``: oneDNN's prepacked layout gives F.linear's result (to fp32
+    rounding; bf16 within one rounding of the output), with and without a bias, for any row count;
+    a later change of the weight needs a repack (the packed tensor is a snapshot)."""
+    from ludic.inference.decode import linear, pack
+
+    g = torch.Generator().manual_seed(0)
+    w, bias = torch.randn(96, 40, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+    packed = pack(w)
+    if packed is None:
+        pytest.skip("no oneDNN packing on this machine: the decoder multiplies plain weights")
+    for rows in (1, 16, 37):
+        x = torch.randn(rows, 40, generator=g).to(dtype)
+        for b in (None, bias):
+            got, want = linear(x, w, b, packed), torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float())
+            assert got.dtype == dtype
+            assert ((got.float() - want).abs() <= want.abs() * (2 ** -8 if dtype == torch.bfloat16 else 1e-5) + 1e-4).all()
+    w.mul_(2)
+    x = torch.randn(4, 40, generator=g).to(dtype)
+    assert not torch.allclose(linear(x, w, None, packed).float(), torch.nn.functional.linear(x, w).float())
+    assert pack(torch.ones(3, 3, dtype=torch.float16)) is None  # not a dtype it packs: plain matmuls
