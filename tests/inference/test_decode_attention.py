@@ -62,6 +62,8 @@ def test_prefill_and_training_attention_run_sdpa_in_fp32_with_gradients():
     out, _ = cpu_bf16_attention(module, q, k, v, mask, scaling=0.25)
     ref, _ = sdpa_attention_forward(module, q.float(), k.float(), v.float(), mask, scaling=0.25)
     assert ((out.float() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-5).all()  # fp32 math, one bf16 rounding
+    additive = torch.zeros(mask.shape, dtype=torch.bfloat16).masked_fill(~mask, float("-inf"))
+    assert torch.equal(cpu_bf16_attention(module, q, k, v, additive, scaling=0.25)[0], out)
 
 
 def test_fp32_models_run_plain_sdpa_bit_for_bit():

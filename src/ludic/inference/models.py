@@ -193,6 +193,8 @@ def cpu_bf16_attention(module: Any, query: Any, key: Any, value: Any, attention_
         causal = q_len > 1 and attention_mask is None and (causal if causal is not None else getattr(module, "is_causal", True))
         if causal and kv_len > q_len:
             key, value = key[:, :, :q_len], value[:, :, :q_len]
+        if attention_mask is not None and attention_mask.dtype != torch.bool:
+            attention_mask = attention_mask.float()  # an additive mask in the scores' dtype
         out = torch.nn.functional.scaled_dot_product_attention(
             query.float(), key.float(), value.float(), attn_mask=attention_mask, dropout_p=kwargs.get("dropout", 0.0),
             scale=kwargs.get("scaling"), is_causal=causal, enable_gqa=query.shape[1] != key.shape[1])
