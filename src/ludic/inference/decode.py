@@ -1,18 +1,22 @@
-"""A static-cache decode step for Llama-family models: the engine's one-token-at-a-time loop.
+"""The engine's decode fast path: a static-cache decode step, a fused LoRA decode view, packed weights.
 
 ``TransformersEngine`` prefills a batch with the model's own forward, then hands the key/value
 cache to a ``StaticDecoder``, which runs every following one-token step itself:
 
-- keys and values live in one preallocated fp32 buffer per layer (``[B * kv_heads, L_max, D]``),
-  written in place at the step's slot; transformers' dynamic cache ``torch.cat``-s every layer's
-  keys and values at every step (O(L) copies per step), and for a bf16 model on CPU the decode
-  attention then cast the whole cache to fp32 again in every layer and step;
-- attention is one grouped matmul per layer in fp32 (no repeat of the key/value heads) over the
-  filled slots, with an additive padding mask built once per batch;
+- keys and values live in preallocated fp32 buffers per layer, written in place at the step's slot
+  (transformers' dynamic cache ``torch.cat``-s every layer's keys and values at every step, and for a
+  bf16 model on CPU the decode attention then cast the whole cache to fp32 again in every layer and
+  step). A batch of P prompts x R samples keeps each prompt's keys once and attends them with its R
+  rows together (``_grouped_attention``); other batches give each row its own copy;
+- attention is grouped matmuls in fp32 (no repeat of the key/value heads), with an additive padding
+  mask built once per batch;
 - rotary angles are computed once per step for all layers (the model's own rotary module, so every
   rope type transformers supports works), and the causal mask is not rebuilt per step;
 - the projections, norms and MLP are the model's own modules, called on 2-D ``[B, H]`` rows: plain
-  ``nn.Linear``, peft LoRA linears and the engine's fused decode view all work unchanged.
+  ``nn.Linear``, peft LoRA linears and the fused decode view all work unchanged.
+
+The decode view (``cast_adapter_view``) replaces a LoRA model's linears by ``_FusedLoraGroup``s in
+the base dtype; their base weights, and a frozen LM head, are ``pack``-ed for oneDNN.
 
 Numerics follow the model's forward: projections and rotary in the model dtype, keys and values
 rounded to it before they are stored (the fp32 buffer holds exactly the values a bf16 cache would),
@@ -318,8 +322,9 @@ _SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 """Linears of one module that read the same input (Llama-style attention and MLP)."""
 
 
-def _fusable(module: Any) -> bool:
-    """A peft LoRA linear with one plain adapter (no DoRA or other variant), unmerged, over nn.Linear."""
+def plain_lora(module: Any) -> bool:
+    """A peft LoRA linear with one plain adapter, active (no DoRA or other variant), unmerged, over
+    nn.Linear: what the decode view fuses and ``training.lora._LoraLinear`` trains."""
     names = list(getattr(module, "lora_A", {}) or {})
     return (len(names) == 1 and isinstance(getattr(module, "base_layer", None), torch.nn.Linear)
             and not getattr(module, "merged", False) and not getattr(module, "lora_variant", {})
@@ -349,7 +354,7 @@ def cast_adapter_view(model: Any) -> tuple[Any, list[Any], list[Any]] | None:
     src: list[Any] = []
     dst: list[Any] = []
     originals = dict(model.named_modules())
-    fusable = {name for name, module in view.named_modules() if _fusable(module)}
+    fusable = {name for name, module in view.named_modules() if plain_lora(module)}
     def scale(name: str) -> float:
         o = originals[name]
         return float(o.scaling[next(iter(o.lora_A))])

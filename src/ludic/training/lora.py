@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ludic.inference.decode import plain_lora
 from ludic.inference.models import LOAD_LOCK, load_model, load_tokenizer
 
 
@@ -132,24 +133,23 @@ class _LoraLinear(torch.autograd.Function):
 
 def _lora_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """A peft LoRA linear's forward through ``_LoraLinear`` where that computes the same thing: one
-    active plain adapter (no DoRA or other variant), unmerged, no dropout in training, a frozen
-    ``nn.Linear`` base, plain (not sharded) tensors, no extra arguments. Otherwise peft's own."""
-    names = list(self.active_adapters) if not (args or kwargs) else []
-    if len(names) == 1 and names[0] in self.lora_A and self._ludic_fusable(names[0], x):
-        k = names[0]
+    active plain adapter (``decode.plain_lora``), no dropout in training, a frozen base, plain (not
+    sharded) tensors, no extra arguments. Otherwise peft's own."""
+    if not (args or kwargs) and _routable(self, x):
+        k = self.active_adapters[0]
         base = self.base_layer
         return _LoraLinear.apply(x, base.weight, base.bias, self.lora_A[k].weight, self.lora_B[k].weight,
                                  float(self.scaling[k]))
     return type(self).forward(self, x, *args, **kwargs)
 
 
-def _fusable_now(self: Any, k: str, x: torch.Tensor) -> bool:
-    base = self.base_layer
-    tensors = (base.weight, self.lora_A[k].weight, self.lora_B[k].weight)
-    return (isinstance(base, torch.nn.Linear) and not base.weight.requires_grad
-            and not getattr(self, "merged", False) and not getattr(self, "disable_adapters", False)
-            and not getattr(self, "lora_variant", {}).get(k) and x.is_floating_point()
-            and (not self.training or isinstance(self.lora_dropout[k], torch.nn.Identity))
+def _routable(module: Any, x: torch.Tensor) -> bool:
+    if not plain_lora(module) or not x.is_floating_point():
+        return False
+    k = module.active_adapters[0]
+    tensors = (module.base_layer.weight, module.lora_A[k].weight, module.lora_B[k].weight)
+    return (not tensors[0].requires_grad
+            and (not module.training or isinstance(module.lora_dropout[k], torch.nn.Identity))
             and all(type(t) is torch.nn.Parameter and type(t.data) is torch.Tensor for t in tensors))
 
 
@@ -165,7 +165,6 @@ def fuse_lora_linears(model: Any) -> int:
     n = 0
     for module in model.modules():
         if isinstance(module, LoraLinear):
-            module._ludic_fusable = types.MethodType(_fusable_now, module)
             module.forward = types.MethodType(_lora_forward, module)
             n += 1
     return n
