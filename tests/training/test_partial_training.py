@@ -93,7 +93,9 @@ def four_layer_dir(tmp_path_factory):
 def test_frozen_bottom_cache_trains_exactly_like_the_plain_forward(four_layer_dir):
     """Three epochs of SFT with the bottom 2 of 4 layers frozen: with the cache (every step after
     the first epoch reads the bottom's output from it) the weights end where plain training puts
-    them, and the shared system-prompt prefix is still computed once."""
+    them, and the shared system-prompt prefix is still computed once. (Up to rounding: the cache's
+    bottom states come from the padded forward, plain training runs the flat one, and Adam turns
+    rounding in near-zero gradients into steps of up to ~lr/100: atol 1e-4 at lr 1e-2.)"""
     from ludic.training.lora import frozen_bottom_layers
 
     ends = []
@@ -109,7 +111,7 @@ def test_frozen_bottom_cache_trains_exactly_like_the_plain_forward(four_layer_di
     assert none is None and bottom.misses == 12 and bottom.hits == 24  # each item computed once, in epoch 1
     torch.testing.assert_close(losses, plain_losses, rtol=1e-4, atol=1e-5)
     for n, p in plain.items():
-        torch.testing.assert_close(cached[n], p, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(cached[n], p, rtol=1e-4, atol=1e-4)
     start = {n: p for n, p in load_policy(four_layer_dir, dtype="float32", seed=0)[0].named_parameters()}
     assert not torch.equal(cached[[n for n in plain if ".layers.3." in n][0]], start[[n for n in plain if ".layers.3." in n][0]])
 

@@ -24,17 +24,18 @@ attention in fp32, its output cast back. For a bf16 model on CPU that is what
 ``models.cpu_bf16_attention`` computes; the tests check greedy tokens and log-probs against the
 model's own forward in fp32 and bf16.
 
-Supported: the model types in ``SUPPORTED`` without a sliding window in effect (everything else,
+Supported: the model types in ``architectures.SUPPORTED`` without a sliding window in effect (everything else,
 including models with logit post-processing or multipliers such as Gemma or Granite, decodes with
 the model's forward; ``StaticDecoder.build`` returns None).
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import torch
+
+from ludic.architectures import llama_like, rotary
 
 PACK_ROWS = 16
 """The batch size oneDNN's weight layout is chosen for (``pack``); any row count works."""
@@ -80,11 +81,6 @@ def _probe(dtype: Any) -> bool:
         return False
 
 
-SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
-"""``config.model_type`` values whose decoder layer is pre-norm attention + MLP with rotary q/k
-(Qwen3 adds per-head q/k norms), a plain LM head, and no embedding, residual or logit multipliers."""
-
-
 class StaticDecoder:
     """One-token decode steps over a preallocated fp32 key/value cache (see the module docstring).
 
@@ -109,7 +105,7 @@ class StaticDecoder:
         self.kv_heads = self.config.num_key_value_heads
         self.scaling = float(attn.scaling)
         self.qk_norm = hasattr(attn, "q_norm") and hasattr(attn, "k_norm")
-        self.rope = sys.modules[type(attn).__module__].apply_rotary_pos_emb
+        self.rope = rotary(attn)
         self.keys: list[torch.Tensor] = []  # per layer [rows * kv, slots, D] fp32
         self.values: list[torch.Tensor] = []
         self.prompt_keys: list[torch.Tensor] = []  # grouped batches: per layer [prompts * kv, L, D]
@@ -121,26 +117,7 @@ class StaticDecoder:
     @classmethod
     def build(cls, model: Any) -> "StaticDecoder | None":
         """A decoder for ``model``, or None when its architecture is not one this step reproduces."""
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        cfg = getattr(base, "config", None)
-        if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED:
-            return None
-        if getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True):
-            return None
-        if any(getattr(cfg, k, None) not in (None, 1, 1.0) for k in ("logits_scaling", "logit_scale")):
-            return None
-        try:
-            body = base.get_decoder()
-            layer = body.layers[0]
-            attn = layer.self_attn
-            parts = (body.embed_tokens, body.norm, body.rotary_emb, layer.input_layernorm,
-                     layer.post_attention_layernorm, layer.mlp, attn.q_proj, attn.k_proj, attn.v_proj,
-                     attn.o_proj, attn.head_dim, attn.scaling, base.get_output_embeddings())
-        except (AttributeError, IndexError, TypeError, NotImplementedError):
-            return None
-        if any(p is None for p in parts) or not hasattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb"):
-            return None
-        return cls(model)
+        return cls(model) if llama_like(model) else None
 
     def start(self, past: Any, attention_mask: torch.Tensor, max_new: int, rows: torch.Tensor | None = None) -> None:
         """Take a prefilled transformers cache (``past``: every layer's keys and values, [P, kv, L, D])

@@ -1,0 +1,46 @@
+"""Which Hugging Face model families Ludic's own forward passes reproduce.
+
+Two hot loops run a decoder layer by layer themselves instead of calling the model's forward:
+``inference.decode.StaticDecoder`` (one-token decode steps over a static cache) and
+``training.packed`` (the trainer's scoring pass over unpadded, prefix-shared tokens). Both call
+the model's own modules (norms, projections, rotary embedding, MLP) and reproduce only the wiring
+between them, which is the same for every family listed here. ``llama_like`` is the one check both
+use; any other model runs its own forward, unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+"""``config.model_type`` values whose decoder layer is pre-norm attention + MLP with rotary q/k
+(Qwen3 adds per-head q/k norms), a plain LM head, and no embedding, residual or logit multipliers."""
+
+
+def llama_like(model: Any) -> bool:
+    """Whether ``model`` (an HF causal LM, peft-wrapped or not) is one of ``SUPPORTED`` with the parts
+    a layer-by-layer forward reads, no sliding window in effect and no logit multipliers."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = getattr(base, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED:
+        return False
+    if getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True):
+        return False
+    if any(getattr(cfg, k, None) not in (None, 1, 1.0) for k in ("logits_scaling", "logit_scale")):
+        return False
+    try:
+        body = base.get_decoder()
+        layer = body.layers[0]
+        attn = layer.self_attn
+        parts = (body.embed_tokens, body.norm, body.rotary_emb, layer.input_layernorm,
+                 layer.post_attention_layernorm, layer.mlp, attn.q_proj, attn.k_proj, attn.v_proj,
+                 attn.o_proj, attn.head_dim, attn.scaling, base.get_output_embeddings())
+    except (AttributeError, IndexError, TypeError, NotImplementedError):
+        return False
+    return all(p is not None for p in parts) and hasattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb")
+
+
+def rotary(attn: Any) -> Any:
+    """The ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` of ``attn``'s modeling module."""
+    return sys.modules[type(attn).__module__].apply_rotary_pos_emb

@@ -1,0 +1,143 @@
+"""The trainer's scoring pass over a micro-batch's real tokens only, laid out flat.
+
+``batching.score_hidden`` needs the final hidden state at every position that predicts an action
+token. Through the model's own forward a micro-batch is a padded ``[B, T]`` block (a shared prompt
+prefix computed once, then ``B`` rows padded to the longest rest), and every projection and MLP
+multiplies the padding too: in the GRPO benchmark (completions of 3 to 32 tokens) a fifth of the
+rows the linears multiplied were padding. For the model families of ``architectures.SUPPORTED``
+``packed_states`` runs the decoder layer by layer over one flat sequence instead::
+
+    [ shared prefix (L tokens, once) | item 0's rest | item 1's rest | ... ]     S = L + sum(rest)
+
+- embeddings, norms, projections (LoRA included) and MLPs see ``[S, H]``: no padding, no prefix
+  repeated;
+- the prefix attends to itself causally; each item's rest attends to the whole prefix (one matmul
+  for all items, the prefix keys read once, not repeated per item) and causally to its own tokens
+  (a small padded ``[B, T - L, T - L]`` block), in one softmax;
+- rotary positions restart after the prefix for every item, as in its own row.
+
+It calls the model's own modules and reproduces only the wiring between them (``architectures``).
+Numerics follow ``inference.models.cpu_bf16_attention``, the attention the model's forward uses for
+a bf16 model on CPU: projections and rotary in the model dtype, attention in fp32, its output
+rounded back once. The tests check hidden states and LoRA gradients against the padded forward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ludic.architectures import llama_like, rotary
+
+
+def packable(model: Any, input_ids: Tensor) -> bool:
+    """Whether ``packed_states`` reproduces ``model``'s forward here: a supported family on CPU, with
+    no attention dropout in effect (the flat layout has no dropout of its own)."""
+    if input_ids.device.type != "cpu" or not llama_like(model):
+        return False
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return not (base.training and float(getattr(base.config, "attention_dropout", 0.0) or 0.0) > 0)
+
+
+def packed_states(decoder: Any, input_ids: Tensor, attention_mask: Tensor, rows: Tensor, cols: Tensor,
+                  prefix: int, embeds: Tensor | None = None, start: int = 0) -> Tensor:
+    """Final hidden states [N, H] at positions ``(rows, cols)`` of the right-padded micro-batch
+    ``input_ids`` / ``attention_mask`` [B, T], whose rows all start with the same ``prefix`` tokens
+    (0: none shared). Every row must keep at least one token after the prefix, and every position
+    asked for must lie after it (``batching.shared_prefix_len`` guarantees both for action tokens).
+
+    ``embeds`` [B, T, H], when given, are the hidden states entering layer ``start`` (a frozen
+    bottom's cached output, ``batching.FrozenBottomCache``): the pass then runs the layers from
+    ``start`` on."""
+    B, T = input_ids.shape
+    L, Tr = prefix, T - prefix
+    valid = attention_mask[:, L:].bool()
+    rest = valid.sum(1)
+    if bool((rest == 0).any()) or (L and bool((cols < L).any())):
+        raise ValueError("packed_states: every row needs a token after the shared prefix, and every "
+                         "scored position must lie after it")
+    b_idx, t_idx = valid.nonzero(as_tuple=True)  # row by row: each item's rest is contiguous
+    ids = torch.cat([input_ids[0, :L], input_ids[:, L:][valid]])
+    pos = torch.cat([torch.arange(L, device=ids.device), t_idx + L])
+    layout = _Layout(L, B, Tr, b_idx, t_idx)
+    cfg = decoder.config
+    layers = list(decoder.layers[start : cfg.num_hidden_layers])
+    if embeds is None:
+        x = decoder.embed_tokens(ids)  # [S, H]
+    else:
+        x = torch.cat([embeds[0, :L], embeds[:, L:][valid]])
+    cos, sin = decoder.rotary_emb(x[None], pos[None])
+    cos, sin = cos[0], sin[0]  # [S, D]
+    checkpoint = bool(getattr(decoder, "gradient_checkpointing", False)) and torch.is_grad_enabled()
+    for layer in layers:
+        if checkpoint:
+            x = torch.utils.checkpoint.checkpoint(_layer, layer, x, cos, sin, layout, use_reentrant=False)
+        else:
+            x = _layer(layer, x, cos, sin, layout)
+    first = torch.cumsum(rest, 0) - rest  # where each item's rest starts in the flat tail
+    return decoder.norm(x[first[rows] + cols])
+
+
+class _Layout:
+    """Where the flat tail's tokens sit in the padded ``[B, Tr]`` block of the rests (``b_idx``,
+    ``t_idx``), after ``L`` prefix tokens; with the causal mask of the rests' own keys."""
+
+    def __init__(self, L: int, B: int, Tr: int, b_idx: Tensor, t_idx: Tensor) -> None:
+        self.L, self.B, self.Tr, self.b_idx, self.t_idx = L, B, Tr, b_idx, t_idx
+        self.causal = torch.full((Tr, Tr), float("-inf"), device=b_idx.device).triu_(1)
+
+    def padded(self, flat: Tensor) -> Tensor:
+        """[n, ...] tail rows -> [B, Tr, ...] with zeros at padding."""
+        out = flat.new_zeros(self.B, self.Tr, *flat.shape[1:])
+        return out.index_put((self.b_idx, self.t_idx), flat)
+
+
+def _layer(layer: Any, x: Tensor, cos: Tensor, sin: Tensor, layout: _Layout) -> Tensor:
+    """One decoder layer (pre-norm attention + MLP, as the supported families wire it) on [S, H]."""
+    attn = layer.self_attn
+    S, D = x.shape[0], attn.head_dim
+    h = layer.input_layernorm(x)
+    q = attn.q_proj(h).view(S, -1, D)
+    k = attn.k_proj(h).view(S, -1, D)
+    v = attn.v_proj(h).view(S, -1, D)
+    if hasattr(attn, "q_norm") and hasattr(attn, "k_norm"):
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = rotary(attn)(q, k, cos, sin, unsqueeze_dim=1)  # cos [S, D] -> [S, 1, D] over the heads
+    o = _attention(q, k, v, float(attn.scaling), layout)
+    x = x + attn.o_proj(o.to(x.dtype))
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, scaling: float, lay: _Layout) -> Tensor:
+    """Causal attention of the flat layout in fp32: q [S, heads, D], k / v [S, kv, D] -> [S, heads * D]."""
+    S, heads, D = q.shape
+    kv = k.shape[1]
+    g, L, B, Tr = heads // kv, lay.L, lay.B, lay.Tr
+    q, k, v = q.float(), k.float(), v.float()
+    out = []
+    if L:  # the prefix attends to itself: [1, heads, L, D]
+        pre = torch.nn.functional.scaled_dot_product_attention(
+            q[:L].transpose(0, 1)[None], k[:L].transpose(0, 1)[None], v[:L].transpose(0, 1)[None],
+            is_causal=True, scale=scaling, enable_gqa=g > 1)
+        out.append(pre[0].transpose(0, 1).reshape(L, heads * D))
+    # the rests, padded per item; query head j reads key/value head j // g
+    qt = lay.padded(q[L:]).view(B, Tr, kv, g, D).permute(0, 2, 3, 1, 4)  # [B, kv, g, Tr, D]
+    kt = lay.padded(k[L:]).permute(0, 2, 3, 1)  # [B, kv, D, Tr]
+    vt = lay.padded(v[L:]).transpose(1, 2)  # [B, kv, Tr, D]
+    own = torch.matmul(qt.reshape(B, kv, g * Tr, D), kt).view(B, kv, g, Tr, Tr)
+    own = own.mul(scaling).add(lay.causal)  # right padding: a real query sees only real keys
+    if L:  # and the whole prefix, one matmul over all items' queries: [kv, B * g * Tr, L]
+        qs = qt.transpose(0, 1).reshape(kv, B * g * Tr, D)
+        seen = torch.bmm(qs, k[:L].permute(1, 2, 0)).mul(scaling).view(kv, B, g, Tr, L).transpose(0, 1)
+        p = torch.softmax(torch.cat([seen, own], -1), -1)
+        p_seen, p_own = p[..., :L], p[..., L:]
+        o_seen = torch.bmm(p_seen.transpose(0, 1).reshape(kv, B * g * Tr, L), v[:L].transpose(0, 1))
+        o = torch.matmul(p_own.reshape(B, kv, g * Tr, Tr), vt).view(B, kv, g, Tr, D)
+        o = o + o_seen.view(kv, B, g, Tr, D).transpose(0, 1)
+    else:
+        o = torch.matmul(torch.softmax(own, -1).reshape(B, kv, g * Tr, Tr), vt).view(B, kv, g, Tr, D)
+    o = o.permute(0, 3, 1, 2, 4).reshape(B, Tr, heads * D)[lay.b_idx, lay.t_idx]
+    out.append(o)
+    return torch.cat(out) if L else o
