@@ -69,6 +69,10 @@ def test_grpo_groups_are_packed_by_prompt_so_each_prompt_is_computed_once():
     assert len(by_length) == 1  # the old packing: one micro-batch, only the system part shared
     cost = sum(micro_batch_cost(mb) for mb in groups)
     assert cost == 6 * (59 + 8 * 9) and micro_batch_cost(by_length[0]) == 20 + 48 * 48
+    # the flat pass (packed.packed_states) computes no padding: each group's prefix, then its rests
+    flat = split_by_token_budget(items, budget=4096, flat=True)
+    assert [{it.meta["g"] for it in mb} for mb in flat] == [{g} for g in range(6)]
+    assert sum(micro_batch_cost(mb, flat=True) for mb in flat) == 6 * (59 + sum(1 + 5 + k % 4 for k in range(8)))
     # distinct prompts (SFT) still share micro-batches
     sft = [SAWItem(system + (300 + i, 301, 302), (7, 8), 1.0) for i in range(16)]
     assert len(split_by_token_budget(sft, budget=4096)) == 1

@@ -61,7 +61,7 @@ def _score(model, mb, packed, entropy=False):
 def test_packed_scoring_equals_the_padded_forward(family, shared, tokenizer, tiny_model_dir):
     model = _model(family, tokenizer, tiny_model_dir)
     model.train()
-    assert packable(model, torch.zeros(1, dtype=torch.long))
+    assert packable(model)
     mb = collate(_items(shared), tokenizer.pad_token_id)
     want = _score(model, mb, packed=False, entropy=True)
     got = _score(model, mb, packed=True, entropy=True)
@@ -100,16 +100,15 @@ def test_models_the_flat_pass_does_not_reproduce_use_their_forward(tokenizer, ti
     import transformers
 
     model = load_model(str(tiny_model_dir), dtype="float32")
-    ids = torch.zeros(1, 3, dtype=torch.long)
-    assert packable(model, ids)
+    assert packable(model)
     model.config.attention_dropout = 0.1
     model.train()
-    assert not packable(model, ids)  # dropout in the attention: the model's forward applies it
+    assert not packable(model)  # dropout in the attention: the model's forward applies it
     model.eval()
-    assert packable(model, ids)
+    assert packable(model)
     cfg = transformers.MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                      num_attention_heads=2, num_key_value_heads=1, sliding_window=8)
-    assert not packable(transformers.MistralForCausalLM(cfg), ids)  # a sliding window in effect
+    assert not packable(transformers.MistralForCausalLM(cfg))  # a sliding window in effect
 
 
 def test_trainer_micro_batches_score_the_same_packed(tokenizer, tiny_model_dir):

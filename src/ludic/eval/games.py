@@ -80,6 +80,7 @@ def policy_table(env: OpenSpielEnv, model: Any, tokenizer: Any, *, temperature: 
     decision state (default key: the information state, what ``nash_conv`` needs)."""
     from ludic.data.offline import sft_item
     from ludic.training.batching import collate, score_actions, split_by_token_budget
+    from ludic.training.packed import packable
 
     states = list(decision_states(env.game, key=key))
     items = []
@@ -94,7 +95,7 @@ def policy_table(env: OpenSpielEnv, model: Any, tokenizer: Any, *, temperature: 
     model.eval()
     device = next(model.parameters()).device
     logp: dict[tuple[str, int], float] = {}
-    for group in split_by_token_budget(items, micro_token_budget):
+    for group in split_by_token_budget(items, micro_token_budget, flat=packable(model)):
         mb = collate(group, tokenizer.pad_token_id, device)
         lp, _ = score_actions(model, mb)
         per_item = torch.zeros(len(group), dtype=torch.float64).index_add_(0, mb.seg.cpu(), lp.double().cpu())

@@ -75,15 +75,18 @@ FORWARD_OVERHEAD_TOKENS = 32
 breaks ties between packings)."""
 
 
-def micro_batch_cost(items: Sequence[SAWItem], share_prefix: bool = True) -> int:
-    """Token positions the decoder computes for ``items`` as one padded micro-batch: the shared
-    prompt prefix once (``_hidden_states``), then the rest of every row."""
+def micro_batch_cost(items: Sequence[SAWItem], share_prefix: bool = True, flat: bool = False) -> int:
+    """Token positions the decoder computes for ``items`` as one micro-batch: the shared prompt
+    prefix once, then the rest of every row, padded to the longest (``_hidden_states``) or, with
+    ``flat``, unpadded (``packed.packed_states``)."""
     prefix = shared_prefix_len(items) if share_prefix else 0
-    return _cost(len(items), max(it.num_tokens for it in items), prefix if prefix >= MIN_SHARED_PREFIX else 0)
+    total = sum(it.num_tokens for it in items) if flat else None
+    return _cost(len(items), max(it.num_tokens for it in items), prefix if prefix >= MIN_SHARED_PREFIX else 0, total)
 
 
 def split_by_token_budget(
-    items: Sequence[SAWItem], budget: int, group_key: str | None = None, share_prefix: bool = True
+    items: Sequence[SAWItem], budget: int, group_key: str | None = None, share_prefix: bool = True,
+    flat: bool = False,
 ) -> list[list[SAWItem]]:
     """Pack items into micro-batches with ``max_len * count <= budget`` each.
 
@@ -92,7 +95,9 @@ def split_by_token_budget(
     ``share_prefix``, items sorted by prompt and cut where the next item would cost more inside
     the micro-batch than in a new one. The second keeps prompts that share a long prefix (a
     GRPO group: one prompt, many samples) together, so the prefix is computed once per
-    micro-batch instead of once per sample.
+    micro-batch instead of once per sample. ``flat``: costs are those of the flat pass
+    (``packed.packable`` models), where padding costs nothing, so groups of different prompts that
+    share a system prompt join.
 
     With ``group_key``, items sharing ``meta[group_key]`` (e.g. a DPO pair) stay
     in one micro-batch. A unit larger than the budget gets a micro-batch of its own.
@@ -104,15 +109,17 @@ def split_by_token_budget(
     by_length = _pack(sorted(units.values(), key=lambda u: max(it.num_tokens for it in u)), budget)
     if not share_prefix or len(units) < 2:
         return by_length
-    by_prompt = _pack(sorted(units.values(), key=lambda u: list(u[0].prompt_ids)), budget, share_prefix=True)
+    by_prompt = _pack(sorted(units.values(), key=lambda u: list(u[0].prompt_ids)), budget, share_prefix=True,
+                      flat=flat)
 
     def total(packing: list[list[SAWItem]]) -> int:
-        return sum(micro_batch_cost(mb, share_prefix) + FORWARD_OVERHEAD_TOKENS for mb in packing)
+        return sum(micro_batch_cost(mb, share_prefix, flat) + FORWARD_OVERHEAD_TOKENS for mb in packing)
 
     return by_prompt if total(by_prompt) < total(by_length) else by_length
 
 
-def _pack(units: Sequence[list[SAWItem]], budget: int, share_prefix: bool = False) -> list[list[SAWItem]]:
+def _pack(units: Sequence[list[SAWItem]], budget: int, share_prefix: bool = False,
+          flat: bool = False) -> list[list[SAWItem]]:
     """Greedy packing in the given order; with ``share_prefix`` a unit also starts a new
     micro-batch when adding it costs more than a micro-batch of its own would."""
     out: list[list[SAWItem]] = []
@@ -124,9 +131,10 @@ def _pack(units: Sequence[list[SAWItem]], budget: int, share_prefix: bool = Fals
         split = bool(cur) and longest * (len(cur) + len(unit)) > budget
         joined = _common(prefix if cur else list(unit[0].prompt_ids), unit)
         if cur and not split and share_prefix:
-            before = _cost(len(cur), cur_longest, _capped(prefix, len(cur)))
-            after = _cost(len(cur) + len(unit), longest, _capped(joined, len(cur) + len(unit)))
-            split = after - before > micro_batch_cost(unit) + FORWARD_OVERHEAD_TOKENS
+            size = (lambda its: sum(it.num_tokens for it in its)) if flat else (lambda its: None)  # noqa: E731
+            before = _cost(len(cur), cur_longest, _capped(prefix, len(cur)), size(cur))
+            after = _cost(len(cur) + len(unit), longest, _capped(joined, len(cur) + len(unit)), size(cur + unit))
+            split = after - before > micro_batch_cost(unit, flat=flat) + FORWARD_OVERHEAD_TOKENS
         if split:
             out.append(cur)
             cur = []
@@ -158,8 +166,9 @@ def _capped(prefix: list[int], count: int) -> int:
     return n if n >= MIN_SHARED_PREFIX else 0
 
 
-def _cost(count: int, longest: int, prefix: int) -> int:
-    return prefix + count * (longest - prefix)
+def _cost(count: int, longest: int, prefix: int, total: int | None = None) -> int:
+    """Positions computed: padded rows, or (``total``: the items' summed lengths) flat ones."""
+    return prefix + (count * (longest - prefix) if total is None else total - count * prefix)
 
 
 def collate(items: Sequence[SAWItem], pad_id: int, device: torch.device | str = "cpu") -> MicroBatch:
@@ -456,7 +465,7 @@ def score_hidden(
         raise ValueError(f"score_hidden: cannot split {type(model).__name__} into decoder and LM head "
                          "(FSDP-wrapped or not a Hugging Face causal LM)")
     decoder, head = parts
-    flat = packed and packable(model, mb.input_ids)
+    flat = packed and packable(model)
     checkpointed = getattr(decoder, "gradient_checkpointing", False) and not flat  # no cache under checkpointing
     prefix = shared_prefix_len(mb.items) if share_prefix and not checkpointed else 0
     prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0

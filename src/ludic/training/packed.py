@@ -32,12 +32,17 @@ from torch import Tensor
 from ludic.architectures import llama_like, rotary
 
 
-def packable(model: Any, input_ids: Tensor) -> bool:
-    """Whether ``packed_states`` reproduces ``model``'s forward here: a supported family on CPU, with
-    no attention dropout in effect (the flat layout has no dropout of its own)."""
-    if input_ids.device.type != "cpu" or not llama_like(model):
+def packable(model: Any) -> bool:
+    """Whether ``packed_states`` reproduces ``model``'s forward: a supported family on CPU, not
+    sharded (FSDP2's hooks need the model's own forward), with no attention dropout in effect (the
+    flat layout has none)."""
+    from ludic.training.fsdp import is_sharded
+
+    if not llama_like(model) or is_sharded(model):
         return False
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if is_sharded(base) or next(base.parameters()).device.type != "cpu":
+        return False
     return not (base.training and float(getattr(base.config, "attention_dropout", 0.0) or 0.0) > 0)
 
 

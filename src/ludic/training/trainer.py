@@ -47,6 +47,7 @@ from ludic.training.checkpoint import latest_checkpoint, load_checkpoint, save_c
 from ludic.training.config import TrainerConfig
 from ludic.training.losses import LossInputs, compute_loss
 from ludic.training.lora import frozen_bottom_layers
+from ludic.training.packed import packable
 from ludic.training.value import segment_starts, value_head
 from ludic.types import SAWItem
 
@@ -352,8 +353,9 @@ class Trainer:
         tok_weighted: dict[str, float] = {}
         n_tok = 0
         train_tokens = 0
+        flat = packable(self.model)
         for group in split_by_token_budget(items, self.cfg.micro_token_budget, self.group_key,
-                                           share_prefix=not self.cfg.gradient_checkpointing):
+                                           share_prefix=flat or not self.cfg.gradient_checkpointing, flat=flat):
             mb = collate(group, self.pad_token_id, self.device)
             train_tokens += int(mb.attention_mask.sum())
             loss, stats = self.objective(self, mb, totals)

@@ -86,6 +86,7 @@ class ValueFunction:
     def values(self, items: Sequence[SAWItem]) -> list[float]:
         """V at the position predicting each item's first completion token."""
         from ludic.training.batching import collate, score_hidden, split_by_token_budget
+        from ludic.training.packed import packable
 
         head = value_head(self.model)
         assert head is not None
@@ -95,7 +96,7 @@ class ValueFunction:
         was_training = self.model.training
         self.model.eval()
         try:
-            for group in split_by_token_budget(list(items), self.budget):
+            for group in split_by_token_budget(list(items), self.budget, flat=packable(self.model)):
                 mb = collate(group, self.pad_token_id, device)
                 _, _, h = score_hidden(self.model, mb)
                 v = head(h[segment_starts(mb.seg, len(group))])
