@@ -11,9 +11,8 @@ rows the linears multiplied were padding. For the model families of ``architectu
 
 - embeddings, norms, projections (LoRA included) and MLPs see ``[S, H]``: no padding, no prefix
   repeated;
-- the prefix attends to itself causally; each item's rest attends to the whole prefix (one matmul
-  for all items, the prefix keys read once, not repeated per item) and causally to its own tokens
-  (a small padded ``[B, T - L, T - L]`` block), in one softmax;
+- the prefix attends to itself causally; each item's rest, padded to the longest rest (attention
+  only), attends to the whole prefix and causally to its own tokens (``_attention``);
 - rotary positions restart after the prefix for every item, as in its own row.
 
 It calls the model's own modules and reproduces only the wiring between them (``architectures``).
@@ -87,11 +86,13 @@ def packed_states(decoder: Any, input_ids: Tensor, attention_mask: Tensor, rows:
 
 class _Layout:
     """Where the flat tail's tokens sit in the padded ``[B, Tr]`` block of the rests (``b_idx``,
-    ``t_idx``), after ``L`` prefix tokens; with the causal mask of the rests' own keys."""
+    ``t_idx``), after ``L`` prefix tokens; and which keys a rest's query reads there: the whole
+    prefix and its own keys up to itself (``mask`` [Tr, L + Tr]; a real query never reaches the
+    right padding)."""
 
     def __init__(self, L: int, B: int, Tr: int, b_idx: Tensor, t_idx: Tensor) -> None:
         self.L, self.B, self.Tr, self.b_idx, self.t_idx = L, B, Tr, b_idx, t_idx
-        self.causal = torch.full((Tr, Tr), float("-inf"), device=b_idx.device).triu_(1)
+        self.mask = torch.ones(Tr, L + Tr, dtype=torch.bool, device=b_idx.device).tril_(L)
 
     def padded(self, flat: Tensor) -> Tensor:
         """[n, ...] tail rows -> [B, Tr, ...] with zeros at padding."""
@@ -116,33 +117,28 @@ def _layer(layer: Any, x: Tensor, cos: Tensor, sin: Tensor, layout: _Layout) -> 
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, scaling: float, lay: _Layout) -> Tensor:
-    """Causal attention of the flat layout in fp32: q [S, heads, D], k / v [S, kv, D] -> [S, heads * D]."""
+    """Causal attention of the flat layout in fp32: q [S, heads, D], k / v [S, kv, D] -> [S, heads * D].
+
+    Two calls of torch's fused attention (grouped key/value heads read in place): the prefix over
+    itself, causally; the rests, padded per item, over the prefix's keys (a broadcast view per item,
+    one copy in the concatenation) and their own. On the GRPO benchmark's shapes (143-token prefix, 8
+    rests of up to 33) forward and backward took 6.1-6.3 ms per layer, against 7.2-7.7 ms for the
+    same in grouped matmuls with one joint softmax."""
     S, heads, D = q.shape
-    kv = k.shape[1]
-    g, L, B, Tr = heads // kv, lay.L, lay.B, lay.Tr
+    L, B, Tr = lay.L, lay.B, lay.Tr
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    gqa = heads != k.shape[1]
     q, k, v = q.float(), k.float(), v.float()
-    out = []
-    if L:  # the prefix attends to itself: [1, heads, L, D]
-        pre = torch.nn.functional.scaled_dot_product_attention(
-            q[:L].transpose(0, 1)[None], k[:L].transpose(0, 1)[None], v[:L].transpose(0, 1)[None],
-            is_causal=True, scale=scaling, enable_gqa=g > 1)
-        out.append(pre[0].transpose(0, 1).reshape(L, heads * D))
-    # the rests, padded per item; query head j reads key/value head j // g
-    qt = lay.padded(q[L:]).view(B, Tr, kv, g, D).permute(0, 2, 3, 1, 4)  # [B, kv, g, Tr, D]
-    kt = lay.padded(k[L:]).permute(0, 2, 3, 1)  # [B, kv, D, Tr]
-    vt = lay.padded(v[L:]).transpose(1, 2)  # [B, kv, Tr, D]
-    own = torch.matmul(qt.reshape(B, kv, g * Tr, D), kt).view(B, kv, g, Tr, Tr)
-    own = own.mul(scaling).add(lay.causal)  # right padding: a real query sees only real keys
-    if L:  # and the whole prefix, one matmul over all items' queries: [kv, B * g * Tr, L]
-        qs = qt.transpose(0, 1).reshape(kv, B * g * Tr, D)
-        seen = torch.bmm(qs, k[:L].permute(1, 2, 0)).mul(scaling).view(kv, B, g, Tr, L).transpose(0, 1)
-        p = torch.softmax(torch.cat([seen, own], -1), -1)
-        p_seen, p_own = p[..., :L], p[..., L:]
-        o_seen = torch.bmm(p_seen.transpose(0, 1).reshape(kv, B * g * Tr, L), v[:L].transpose(0, 1))
-        o = torch.matmul(p_own.reshape(B, kv, g * Tr, Tr), vt).view(B, kv, g, Tr, D)
-        o = o + o_seen.view(kv, B, g, Tr, D).transpose(0, 1)
-    else:
-        o = torch.matmul(torch.softmax(own, -1).reshape(B, kv, g * Tr, Tr), vt).view(B, kv, g, Tr, D)
-    o = o.permute(0, 3, 1, 2, 4).reshape(B, Tr, heads * D)[lay.b_idx, lay.t_idx]
-    out.append(o)
-    return torch.cat(out) if L else o
+    qt = lay.padded(q[L:]).transpose(1, 2)  # [B, heads, Tr, D]
+    kt = lay.padded(k[L:]).transpose(1, 2)  # [B, kv, Tr, D]
+    vt = lay.padded(v[L:]).transpose(1, 2)
+    if not L:  # right padding: causal attention within each row is exact for its real queries
+        o = sdpa(qt, kt, vt, is_causal=True, scale=scaling, enable_gqa=gqa)
+        return o.transpose(1, 2).reshape(B, Tr, heads * D)[lay.b_idx, lay.t_idx]
+    kp, vp = k[:L].transpose(0, 1)[None], v[:L].transpose(0, 1)[None]  # [1, kv, L, D]
+    pre = sdpa(q[:L].transpose(0, 1)[None], kp, vp, is_causal=True, scale=scaling, enable_gqa=gqa)
+    kt = torch.cat([kp.expand(B, -1, -1, -1), kt], 2)  # [B, kv, L + Tr, D]
+    vt = torch.cat([vp.expand(B, -1, -1, -1), vt], 2)
+    o = sdpa(qt, kt, vt, attn_mask=lay.mask, scale=scaling, enable_gqa=gqa)  # [B, heads, Tr, D]
+    rests = o.transpose(1, 2).reshape(B, Tr, heads * D)[lay.b_idx, lay.t_idx]
+    return torch.cat([pre[0].transpose(0, 1).reshape(L, heads * D), rests])
