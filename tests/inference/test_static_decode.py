@@ -10,21 +10,7 @@ from ludic.inference.decode import StaticDecoder
 from ludic.inference.models import load_model, load_tokenizer
 from ludic.inference.transformers_engine import TransformersEngine
 
-
-def _tiny(family: str, tok, dtype=torch.float32):
-    """A tiny random model of ``family`` (Qwen2: q/k/v biases; Qwen3: per-head q/k norms)."""
-    import transformers
-
-    cfg_cls, model_cls = {
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-    }[family]
-    torch.manual_seed(3)
-    cfg = cfg_cls(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                  tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    return model_cls(cfg).to(dtype).eval()
+from conftest import tiny_family_model as _tiny
 
 
 def _prompts(grpo: bool = False):

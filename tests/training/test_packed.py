@@ -11,19 +11,7 @@ from ludic.training.lora import LoraSettings, apply_lora
 from ludic.training.packed import packable
 from ludic.types import SAWItem
 
-
-def _tiny(family: str, tok, dtype=torch.float32):
-    import transformers
-
-    cfg_cls, model_cls = {
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM),
-    }[family]
-    torch.manual_seed(3)
-    cfg = cfg_cls(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                  tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    return model_cls(cfg).to(dtype)
+from conftest import tiny_family_model as _tiny
 
 
 def _items(shared: bool) -> list[SAWItem]:
