@@ -14,16 +14,18 @@ from ludic.types import SAWItem
 from conftest import tiny_family_model as _tiny
 
 
-def _items(shared: bool) -> list[SAWItem]:
-    """GRPO-like items: completions of unequal lengths, behind one shared prompt (``shared``) or
-    behind prompts that share only a system prefix or nothing."""
+def _items(layout: str) -> list[SAWItem]:
+    """Items with completions of unequal lengths: behind one prompt (``one``); in three groups whose
+    prompts share a system part, one prompt being a prefix of another (``groups``); or behind prompts
+    that share nothing at all (``none``)."""
     g = torch.Generator().manual_seed(0)
     rnd = lambda n: torch.randint(200, 900, (n,), generator=g).tolist()  # noqa: E731
     system = rnd(20)
-    prompts = [system + rnd(7)] * 4 if shared else [system + rnd(5), system + rnd(9), rnd(4), system + rnd(7)]
-    lengths = [9, 1, 4, 6]
+    a, b = system + rnd(7), system + rnd(9)
+    prompts = {"one": [a] * 4, "groups": [a, b, a, system, b, a], "none": [system + rnd(5), rnd(9), rnd(4), rnd(7)]}[layout]
+    lengths = [9, 1, 4, 6, 3, 2]
     return [SAWItem(prompt_ids=p, completion_ids=rnd(n), weight=w, logprobs=[-1.0] * n)
-            for p, n, w in zip(prompts, lengths, [1.0, -0.5, 0.25, 2.0])]
+            for p, n, w in zip(prompts, lengths, [1.0, -0.5, 0.25, 2.0, -1.0, 0.5])]
 
 
 def _model(family, tok, tiny_model_dir, dtype=torch.float32):
@@ -45,12 +47,12 @@ def _score(model, mb, packed, entropy=False):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("shared", [True, False])
-def test_packed_scoring_equals_the_padded_forward(family, shared, tokenizer, tiny_model_dir):
+@pytest.mark.parametrize("layout", ["one", "groups", "none"])
+def test_packed_scoring_equals_the_padded_forward(family, layout, tokenizer, tiny_model_dir):
     model = _model(family, tokenizer, tiny_model_dir)
     model.train()
     assert packable(model)
-    mb = collate(_items(shared), tokenizer.pad_token_id)
+    mb = collate(_items(layout), tokenizer.pad_token_id)
     want = _score(model, mb, packed=False, entropy=True)
     got = _score(model, mb, packed=True, entropy=True)
     for a, b in zip(got[:3], want[:3]):
@@ -63,7 +65,7 @@ def test_packed_scoring_equals_the_padded_forward(family, shared, tokenizer, tin
 def test_packed_scoring_in_bf16_matches_the_models_bf16_forward(tokenizer, tiny_model_dir):
     """bf16 on CPU: the flat pass computes attention as the model's attention does (fp32 inside)."""
     model = load_model(str(tiny_model_dir), dtype="bfloat16")
-    mb = collate(_items(True), tokenizer.pad_token_id)
+    mb = collate(_items("groups"), tokenizer.pad_token_id)
     with torch.no_grad():
         got, _ = score_actions(model, mb, packed=True)
         want, _ = score_actions(model, mb, packed=False)
@@ -75,7 +77,7 @@ def test_packed_scoring_in_bf16_matches_the_models_bf16_forward(tokenizer, tiny_
 def test_packed_scoring_under_gradient_checkpointing(tokenizer, tiny_model_dir):
     model = _model("llama", tokenizer, tiny_model_dir)
     model.train()
-    mb = collate(_items(True), tokenizer.pad_token_id)
+    mb = collate(_items("groups"), tokenizer.pad_token_id)
     want = _score(model, mb, packed=False)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     got = _score(model, mb, packed=True)
@@ -102,8 +104,8 @@ def test_models_the_flat_pass_does_not_reproduce_use_their_forward(tokenizer, ti
 def test_trainer_micro_batches_score_the_same_packed(tokenizer, tiny_model_dir):
     """The trainer's real path (split, collate, score) over GRPO groups of two prompts."""
     model = _model("llama", tokenizer, tiny_model_dir)
-    items = _items(True) + _items(False)
-    for group in split_by_token_budget(items, 64):
+    items = _items("one") + _items("groups") + _items("none")
+    for group in split_by_token_budget(items, 64, flat=True):
         mb = collate(group, tokenizer.pad_token_id)
         got, _ = score_actions(model, mb, packed=True)
         want, _ = score_actions(model, mb, packed=False)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ludic.tokenization import MIN_SHARED_PREFIX, common_prefix_len
-from ludic.training.packed import packable, packed_states
+from ludic.training.packed import TreeCost, packable, packed_states, tree_cost
 from ludic.types import SAWItem
 
 
@@ -79,9 +79,10 @@ def micro_batch_cost(items: Sequence[SAWItem], share_prefix: bool = True, flat: 
     """Token positions the decoder computes for ``items`` as one micro-batch: the shared prompt
     prefix once, then the rest of every row, padded to the longest (``_hidden_states``) or, with
     ``flat``, unpadded (``packed.packed_states``)."""
+    if flat:
+        return tree_cost(items) if share_prefix else sum(it.num_tokens for it in items)
     prefix = shared_prefix_len(items) if share_prefix else 0
-    total = sum(it.num_tokens for it in items) if flat else None
-    return _cost(len(items), max(it.num_tokens for it in items), prefix if prefix >= MIN_SHARED_PREFIX else 0, total)
+    return _cost(len(items), max(it.num_tokens for it in items), prefix if prefix >= MIN_SHARED_PREFIX else 0)
 
 
 def split_by_token_budget(
@@ -109,8 +110,8 @@ def split_by_token_budget(
     by_length = _pack(sorted(units.values(), key=lambda u: max(it.num_tokens for it in u)), budget)
     if not share_prefix or len(units) < 2:
         return by_length
-    by_prompt = _pack(sorted(units.values(), key=lambda u: list(u[0].prompt_ids)), budget, share_prefix=True,
-                      flat=flat)
+    by_prompt = sorted(units.values(), key=lambda u: list(u[0].prompt_ids))
+    by_prompt = _pack_flat(by_prompt, budget) if flat else _pack(by_prompt, budget, share_prefix=True)
 
     def total(packing: list[list[SAWItem]]) -> int:
         return sum(micro_batch_cost(mb, share_prefix, flat) + FORWARD_OVERHEAD_TOKENS for mb in packing)
@@ -118,8 +119,7 @@ def split_by_token_budget(
     return by_prompt if total(by_prompt) < total(by_length) else by_length
 
 
-def _pack(units: Sequence[list[SAWItem]], budget: int, share_prefix: bool = False,
-          flat: bool = False) -> list[list[SAWItem]]:
+def _pack(units: Sequence[list[SAWItem]], budget: int, share_prefix: bool = False) -> list[list[SAWItem]]:
     """Greedy packing in the given order; with ``share_prefix`` a unit also starts a new
     micro-batch when adding it costs more than a micro-batch of its own would."""
     out: list[list[SAWItem]] = []
@@ -131,10 +131,9 @@ def _pack(units: Sequence[list[SAWItem]], budget: int, share_prefix: bool = Fals
         split = bool(cur) and longest * (len(cur) + len(unit)) > budget
         joined = _common(prefix if cur else list(unit[0].prompt_ids), unit)
         if cur and not split and share_prefix:
-            size = (lambda its: sum(it.num_tokens for it in its)) if flat else (lambda its: None)  # noqa: E731
-            before = _cost(len(cur), cur_longest, _capped(prefix, len(cur)), size(cur))
-            after = _cost(len(cur) + len(unit), longest, _capped(joined, len(cur) + len(unit)), size(cur + unit))
-            split = after - before > micro_batch_cost(unit, flat=flat) + FORWARD_OVERHEAD_TOKENS
+            before = _cost(len(cur), cur_longest, _capped(prefix, len(cur)))
+            after = _cost(len(cur) + len(unit), longest, _capped(joined, len(cur) + len(unit)))
+            split = after - before > micro_batch_cost(unit) + FORWARD_OVERHEAD_TOKENS
         if split:
             out.append(cur)
             cur = []
@@ -142,6 +141,27 @@ def _pack(units: Sequence[list[SAWItem]], budget: int, share_prefix: bool = Fals
             longest = max(it.num_tokens for it in unit)
         cur.extend(unit)
         prefix, cur_longest = joined, longest
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _pack_flat(units: Sequence[list[SAWItem]], budget: int) -> list[list[SAWItem]]:
+    """``_pack`` with ``share_prefix`` for the flat pass, whose cost is ``packed.tree_cost``: a unit
+    joins unless that costs more than a micro-batch of its own."""
+    out: list[list[SAWItem]] = []
+    cur: list[SAWItem] = []
+    cost, longest = TreeCost(), 0
+    for unit in units:
+        longest = max(longest, *(it.num_tokens for it in unit))
+        split = bool(cur) and longest * (len(cur) + len(unit)) > budget
+        joined = cost.add(unit)
+        alone = TreeCost().add(unit)
+        if cur and (split or joined.tokens - cost.tokens > alone.tokens + FORWARD_OVERHEAD_TOKENS):
+            out.append(cur)
+            cur, joined, longest = [], alone, max(it.num_tokens for it in unit)
+        cur.extend(unit)
+        cost = joined
     if cur:
         out.append(cur)
     return out
@@ -166,9 +186,8 @@ def _capped(prefix: list[int], count: int) -> int:
     return n if n >= MIN_SHARED_PREFIX else 0
 
 
-def _cost(count: int, longest: int, prefix: int, total: int | None = None) -> int:
-    """Positions computed: padded rows, or (``total``: the items' summed lengths) flat ones."""
-    return prefix + (count * (longest - prefix) if total is None else total - count * prefix)
+def _cost(count: int, longest: int, prefix: int) -> int:
+    return prefix + count * (longest - prefix)
 
 
 def collate(items: Sequence[SAWItem], pad_id: int, device: torch.device | str = "cpu") -> MicroBatch:
@@ -393,12 +412,11 @@ class FrozenBottomCache:
         self._check(decoder, mb, lambda plain: (hidden.detach()[mask], plain[mask]))
         return hidden
 
-    def packed_states(self, decoder: Any, mb: MicroBatch, prefix: int) -> Tensor:
+    def packed_states(self, decoder: Any, mb: MicroBatch) -> Tensor:
         """What ``packed.packed_states`` returns for ``mb`` ([N, H] at the action positions), with the
         bottom read from the cache."""
         x = self.inputs(decoder, mb)
-        h = packed_states(decoder, mb.input_ids, mb.attention_mask, mb.rows, mb.cols, prefix, embeds=x,
-                          start=self.layers)
+        h = packed_states(decoder, mb.items, mb.rows, mb.cols, embeds=x, start=self.layers)
         self._check(decoder, mb, lambda plain: (h.detach(), plain[mb.rows, mb.cols]))
         return h
 
@@ -470,9 +488,9 @@ def score_hidden(
     prefix = shared_prefix_len(mb.items) if share_prefix and not checkpointed else 0
     prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
     if flat and bottom is not None:
-        h = bottom.packed_states(decoder, mb, prefix)
+        h = bottom.packed_states(decoder, mb)
     elif flat:
-        h = packed_states(decoder, mb.input_ids, mb.attention_mask, mb.rows, mb.cols, prefix)  # [N, H]
+        h = packed_states(decoder, mb.items, mb.rows, mb.cols)  # [N, H]
     else:
         hidden = _hidden_states(decoder, mb, prefix) if bottom is None else bottom.hidden_states(decoder, mb, prefix)
         h = hidden[mb.rows, mb.cols]  # [N, H]

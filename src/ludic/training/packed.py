@@ -1,35 +1,41 @@
-"""The trainer's scoring pass over a micro-batch's real tokens only, laid out flat.
+"""The trainer's scoring pass over a micro-batch's real tokens only, each shared prompt once.
 
 ``batching.score_hidden`` needs the final hidden state at every position that predicts an action
-token. Through the model's own forward a micro-batch is a padded ``[B, T]`` block (a shared prompt
-prefix computed once, then ``B`` rows padded to the longest rest), and every projection and MLP
-multiplies the padding too: in the GRPO benchmark (completions of 3 to 32 tokens) a fifth of the
-rows the linears multiplied were padding. For the model families of ``architectures.SUPPORTED``
-``packed_states`` runs the decoder layer by layer over one flat sequence instead::
+token. Through the model's own forward a micro-batch is a padded ``[B, T]`` block (a prefix shared
+by every row computed once, then ``B`` rows padded to the longest rest), and every projection and
+MLP multiplies the padding, and each GRPO group's prompt once per micro-batch: in the GRPO benchmark
+(completions of 3 to 32 tokens) a fifth of the rows the linears multiplied were padding, and its two
+groups, whose prompts share a 130-token system part, went to two micro-batches. For the model
+families of ``architectures.SUPPORTED`` ``packed_states`` runs the decoder layer by layer over one
+flat sequence instead, a two-level prefix tree::
 
-    [ shared prefix (L tokens, once) | item 0's rest | item 1's rest | ... ]     S = L + sum(rest)
+    [ common (C: what every prompt starts with) | group 0's rest of its prompt | group 1's ... |
+      item 0's completion | item 1's completion | ... ]
 
-- embeddings, norms, projections (LoRA included) and MLPs see ``[S, H]``: no padding, no prefix
-  repeated;
-- the prefix attends to itself causally; each item's rest, padded to the longest rest (attention
-  only), attends to the whole prefix and causally to its own tokens (``_attention``);
-- rotary positions restart after the prefix for every item, as in its own row.
+A group is the items with one prompt (a GRPO group; an item with a prompt of its own is a group of
+one). Then:
+
+- embeddings, norms, projections (LoRA included) and MLPs see each token once, no padding;
+- attention (``_attention``): the common part over itself, causally; each group's part over the
+  common part and itself; each item's completion over the common part, its group's part and
+  itself (groups and items padded per row for attention only);
+- rotary positions are each token's position in its own sequence.
 
 It calls the model's own modules and reproduces only the wiring between them (``architectures``).
 Numerics follow ``inference.models.cpu_bf16_attention``, the attention the model's forward uses for
 a bf16 model on CPU: projections and rotary in the model dtype, attention in fp32, its output
-rounded back once. The tests check hidden states and LoRA gradients against the padded forward.
+rounded back once. The tests check log-probs and LoRA gradients against the padded forward.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
 
 from ludic.architectures import llama_like, rotary
-
+from ludic.types import SAWItem
 
 def packable(model: Any) -> bool:
     """Whether ``packed_states`` reproduces ``model``'s forward: a supported family on CPU, not
@@ -45,62 +51,137 @@ def packable(model: Any) -> bool:
     return not (base.training and float(getattr(base.config, "attention_dropout", 0.0) or 0.0) > 0)
 
 
-def packed_states(decoder: Any, input_ids: Tensor, attention_mask: Tensor, rows: Tensor, cols: Tensor,
-                  prefix: int, embeds: Tensor | None = None, start: int = 0) -> Tensor:
-    """Final hidden states [N, H] at positions ``(rows, cols)`` of the right-padded micro-batch
-    ``input_ids`` / ``attention_mask`` [B, T], whose rows all start with the same ``prefix`` tokens
-    (0: none shared). Every row must keep at least one token after the prefix, and every position
-    asked for must lie after it (``batching.shared_prefix_len`` guarantees both for action tokens).
+def tree_cost(items: Sequence[SAWItem]) -> int:
+    """Token positions ``packed_states`` computes for ``items``: the common prefix once, each
+    distinct prompt's rest once, every completion."""
+    return TreeCost().add(items).tokens
 
-    ``embeds`` [B, T, H], when given, are the hidden states entering layer ``start`` (a frozen
-    bottom's cached output, ``batching.FrozenBottomCache``): the pass then runs the layers from
-    ``start`` on."""
-    B, T = input_ids.shape
-    L, Tr = prefix, T - prefix
-    valid = attention_mask[:, L:].bool()
-    rest = valid.sum(1)
-    if bool((rest == 0).any()) or (L and bool((cols < L).any())):
-        raise ValueError("packed_states: every row needs a token after the shared prefix, and every "
-                         "scored position must lie after it")
-    b_idx, t_idx = valid.nonzero(as_tuple=True)  # row by row: each item's rest is contiguous
-    ids = torch.cat([input_ids[0, :L], input_ids[:, L:][valid]])
-    pos = torch.cat([torch.arange(L, device=ids.device), t_idx + L])
-    layout = _Layout(L, B, Tr, b_idx, t_idx)
+
+class TreeCost:
+    """``tree_cost`` kept up to date as items join a micro-batch (``add`` returns a new one; each
+    item costs the length of its prompt, if new, and of its completion)."""
+
+    def __init__(self) -> None:
+        self.prompts: dict[tuple[int, ...], None] = {}
+        self.common = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    @property
+    def tokens(self) -> int:
+        return self.common + self.prompt_tokens - len(self.prompts) * self.common + self.completion_tokens
+
+    def add(self, items: Sequence[SAWItem]) -> "TreeCost":
+        out = TreeCost()
+        out.prompts, out.common = dict(self.prompts), self.common
+        out.prompt_tokens, out.completion_tokens = self.prompt_tokens, self.completion_tokens
+        for it in items:
+            p = tuple(it.prompt_ids)
+            out.completion_tokens += len(it.completion_ids)
+            if p in out.prompts:
+                continue
+            if out.prompts:
+                out.common = _common([next(iter(out.prompts))[: out.common], p])
+            else:
+                out.common = len(p)
+            out.prompts[p] = None
+            out.prompt_tokens += len(p)
+        return out
+
+
+def _common(prompts: Sequence[Sequence[int]]) -> int:
+    """Length of the prefix all ``prompts`` share (all of it for one prompt)."""
+    first, n = prompts[0], min(len(p) for p in prompts)
+    for i in range(n):
+        if any(p[i] != first[i] for p in prompts):
+            return i
+    return n
+
+
+def packed_states(decoder: Any, items: Sequence[SAWItem], rows: Tensor, cols: Tensor, *,
+                  embeds: Tensor | None = None, start: int = 0) -> Tensor:
+    """Final hidden states [N, H] at positions ``(rows, cols)`` of ``items`` (row ``b`` is item
+    ``b``'s prompt + completion, as ``batching.collate`` lays them out).
+
+    ``embeds`` [B, T, H], when given, are the hidden states entering layer ``start`` in that padded
+    layout (a frozen bottom's cached output, ``batching.FrozenBottomCache``): the pass then runs the
+    layers from ``start`` on."""
+    device = rows.device
+    tree = _Tree(items, device)
     cfg = decoder.config
     layers = list(decoder.layers[start : cfg.num_hidden_layers])
     if embeds is None:
+        ids = torch.tensor(tree.ids, dtype=torch.long, device=device)
         x = decoder.embed_tokens(ids)  # [S, H]
     else:
-        x = torch.cat([embeds[0, :L], embeds[:, L:][valid]])
-    cos, sin = decoder.rotary_emb(x[None], pos[None])
+        x = embeds[tree.src_row, tree.src_pos]
+    cos, sin = decoder.rotary_emb(x[None], tree.src_pos[None])
     cos, sin = cos[0], sin[0]  # [S, D]
     checkpoint = bool(getattr(decoder, "gradient_checkpointing", False)) and torch.is_grad_enabled()
     for layer in layers:
         if checkpoint:
-            x = torch.utils.checkpoint.checkpoint(_layer, layer, x, cos, sin, layout, use_reentrant=False)
+            x = torch.utils.checkpoint.checkpoint(_layer, layer, x, cos, sin, tree, use_reentrant=False)
         else:
-            x = _layer(layer, x, cos, sin, layout)
-    first = torch.cumsum(rest, 0) - rest  # where each item's rest starts in the flat tail
-    return decoder.norm(x[first[rows] + cols])
+            x = _layer(layer, x, cos, sin, tree)
+    return decoder.norm(x[tree.flat_index(rows, cols)])
 
 
-class _Layout:
-    """Where the flat tail's tokens sit in the padded ``[B, Tr]`` block of the rests (``b_idx``,
-    ``t_idx``), after ``L`` prefix tokens; and which keys a rest's query reads there: the whole
-    prefix and its own keys up to itself (``mask`` [Tr, L + Tr]; a real query never reaches the
-    right padding)."""
+class _Tree:
+    """The flat layout of a micro-batch: ``C`` common tokens, then the groups' prompt rests (group
+    ``j``: ``g[j]`` tokens, padded to ``Tg`` for attention), then the items' completions (item
+    ``b``: ``r[b]`` tokens, padded to ``Tr``). ``src_row`` / ``src_pos`` [S] give each flat token's
+    row and position in the padded micro-batch; ``*_idx`` where the flat tokens of each level sit
+    in their padded block; ``group_mask`` / ``item_mask`` which keys a padded query reads."""
 
-    def __init__(self, L: int, B: int, Tr: int, b_idx: Tensor, t_idx: Tensor) -> None:
-        self.L, self.B, self.Tr, self.b_idx, self.t_idx = L, B, Tr, b_idx, t_idx
-        self.mask = torch.ones(Tr, L + Tr, dtype=torch.bool, device=b_idx.device).tril_(L)
+    def __init__(self, items: Sequence[SAWItem], device: Any) -> None:
+        prompts: dict[tuple[int, ...], int] = {}
+        group = [prompts.setdefault(tuple(it.prompt_ids), len(prompts)) for it in items]
+        first = {j: b for b, j in reversed(list(enumerate(group)))}  # a row that holds group j's prompt
+        plist = list(prompts)
+        C = _common(plist)
+        g = [len(p) - C for p in plist]
+        r = [len(it.completion_ids) for it in items]
+        self.C, self.J, self.B = C, len(plist), len(items)
+        self.Tg, self.Tr = max(g), max(r + [1])
+        src_row = [0] * C + [first[j] for j in range(self.J) for _ in range(g[j])]
+        src_row += [b for b in range(self.B) for _ in range(r[b])]
+        src_pos = list(range(C)) + [C + t for j in range(self.J) for t in range(g[j])]
+        src_pos += [len(items[b].prompt_ids) + t for b in range(self.B) for t in range(r[b])]
+        self.ids = list(plist[0][:C]) + [t for p in plist for t in p[C:]]
+        self.ids += [t for it in items for t in it.completion_ids]
+        as_long = lambda v: torch.tensor(v, dtype=torch.long, device=device)  # noqa: E731
+        self.src_row, self.src_pos = as_long(src_row), as_long(src_pos)
+        self.g_idx = (as_long([j for j in range(self.J) for _ in range(g[j])]),
+                      as_long([t for j in range(self.J) for t in range(g[j])]))
+        self.r_idx = (as_long([b for b in range(self.B) for _ in range(r[b])]),
+                      as_long([t for b in range(self.B) for t in range(r[b])]))
+        self.group = as_long(group)
+        goff = [sum(g[:j]) for j in range(self.J)]
+        roff = [sum(r[:b]) for b in range(self.B)]
+        self.plen = as_long([len(p) for p in plist])[self.group]  # [B] each item's prompt length
+        self.goff = C + as_long(goff)[self.group]  # [B] where the item's group rest starts, flat
+        self.roff = C + sum(g) + as_long(roff)  # [B] where the item's completion starts, flat
+        # a padded query always sees its own slot, so no softmax row is empty
+        self.group_mask = torch.ones(self.Tg, C + self.Tg, dtype=torch.bool, device=device).tril_(C)
+        seen_group = torch.arange(self.Tg, device=device)[None, :] < as_long(g)[self.group][:, None]  # [B, Tg]
+        own = torch.ones(self.Tr, self.Tr, dtype=torch.bool, device=device).tril_()
+        self.item_mask = torch.cat([torch.ones(self.B, self.Tr, C, dtype=torch.bool, device=device),
+                                    seen_group[:, None, :].expand(-1, self.Tr, -1),
+                                    own[None].expand(self.B, -1, -1)], -1)[:, None]  # [B, 1, Tr, C + Tg + Tr]
 
-    def padded(self, flat: Tensor) -> Tensor:
-        """[n, ...] tail rows -> [B, Tr, ...] with zeros at padding."""
-        out = flat.new_zeros(self.B, self.Tr, *flat.shape[1:])
-        return out.index_put((self.b_idx, self.t_idx), flat)
+    def flat_index(self, rows: Tensor, cols: Tensor) -> Tensor:
+        """Flat position of position ``cols`` of item ``rows``."""
+        plen = self.plen[rows]
+        return torch.where(cols < self.C, cols,
+                           torch.where(cols < plen, self.goff[rows] + cols - self.C, self.roff[rows] + cols - plen))
+
+    @staticmethod
+    def padded(flat: Tensor, idx: tuple[Tensor, Tensor], n: int, t: int) -> Tensor:
+        """[m, ...] flat tokens of one level -> [n, t, ...] with zeros at padding."""
+        return flat.new_zeros(n, t, *flat.shape[1:]).index_put(idx, flat)
 
 
-def _layer(layer: Any, x: Tensor, cos: Tensor, sin: Tensor, layout: _Layout) -> Tensor:
+def _layer(layer: Any, x: Tensor, cos: Tensor, sin: Tensor, tree: _Tree) -> Tensor:
     """One decoder layer (pre-norm attention + MLP, as the supported families wire it) on [S, H]."""
     attn = layer.self_attn
     S, D = x.shape[0], attn.head_dim
@@ -111,34 +192,49 @@ def _layer(layer: Any, x: Tensor, cos: Tensor, sin: Tensor, layout: _Layout) -> 
     if hasattr(attn, "q_norm") and hasattr(attn, "k_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = rotary(attn)(q, k, cos, sin, unsqueeze_dim=1)  # cos [S, D] -> [S, 1, D] over the heads
-    o = _attention(q, k, v, float(attn.scaling), layout)
+    o = _attention(q, k, v, float(attn.scaling), tree)
     x = x + attn.o_proj(o.to(x.dtype))
     return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
-def _attention(q: Tensor, k: Tensor, v: Tensor, scaling: float, lay: _Layout) -> Tensor:
-    """Causal attention of the flat layout in fp32: q [S, heads, D], k / v [S, kv, D] -> [S, heads * D].
+def _attention(q: Tensor, k: Tensor, v: Tensor, scaling: float, tree: _Tree) -> Tensor:
+    """Causal attention of the tree layout in fp32: q [S, heads, D], k / v [S, kv, D] -> [S, heads * D].
 
-    Two calls of torch's fused attention (grouped key/value heads read in place): the prefix over
-    itself, causally; the rests, padded per item, over the prefix's keys (a broadcast view per item,
-    one copy in the concatenation) and their own. On the GRPO benchmark's shapes (143-token prefix, 8
-    rests of up to 33) forward and backward took 6.1-6.3 ms per layer, against 7.2-7.7 ms for the
-    same in grouped matmuls with one joint softmax."""
+    Up to three calls of torch's fused attention (grouped key/value heads read in place): the common
+    part over itself, causally; the groups' parts (padded per group) over the common keys (a
+    broadcast view, one copy in the concatenation) and their own; the completions (padded per item)
+    over the common keys, their group's keys and their own. On the GRPO benchmark's shapes (143-token
+    prefix, 8 rests of up to 33) the last kind took 6.1-6.3 ms per layer forward + backward, against
+    7.2-7.7 ms for the same in grouped matmuls with one joint softmax."""
     S, heads, D = q.shape
-    L, B, Tr = lay.L, lay.B, lay.Tr
+    C, J, B, Tg, Tr = tree.C, tree.J, tree.B, tree.Tg, tree.Tr
     sdpa = torch.nn.functional.scaled_dot_product_attention
     gqa = heads != k.shape[1]
     q, k, v = q.float(), k.float(), v.float()
-    qt = lay.padded(q[L:]).transpose(1, 2)  # [B, heads, Tr, D]
-    kt = lay.padded(k[L:]).transpose(1, 2)  # [B, kv, Tr, D]
-    vt = lay.padded(v[L:]).transpose(1, 2)
-    if not L:  # right padding: causal attention within each row is exact for its real queries
-        o = sdpa(qt, kt, vt, is_causal=True, scale=scaling, enable_gqa=gqa)
-        return o.transpose(1, 2).reshape(B, Tr, heads * D)[lay.b_idx, lay.t_idx]
-    kp, vp = k[:L].transpose(0, 1)[None], v[:L].transpose(0, 1)[None]  # [1, kv, L, D]
-    pre = sdpa(q[:L].transpose(0, 1)[None], kp, vp, is_causal=True, scale=scaling, enable_gqa=gqa)
-    kt = torch.cat([kp.expand(B, -1, -1, -1), kt], 2)  # [B, kv, L + Tr, D]
-    vt = torch.cat([vp.expand(B, -1, -1, -1), vt], 2)
-    o = sdpa(qt, kt, vt, attn_mask=lay.mask, scale=scaling, enable_gqa=gqa)  # [B, heads, Tr, D]
-    rests = o.transpose(1, 2).reshape(B, Tr, heads * D)[lay.b_idx, lay.t_idx]
-    return torch.cat([pre[0].transpose(0, 1).reshape(L, heads * D), rests])
+    ng = S - C - tree.r_idx[0].shape[0]  # tokens of the groups' parts
+    heads_first = lambda t: t.transpose(1, 2)  # noqa: E731  [n, T, h, D] -> [n, h, T, D]
+    out = []
+    keys, values = [], []
+    if C:
+        kc, vc = k[:C].transpose(0, 1)[None], v[:C].transpose(0, 1)[None]  # [1, kv, C, D]
+        o = sdpa(q[:C].transpose(0, 1)[None], kc, vc, is_causal=True, scale=scaling, enable_gqa=gqa)
+        out.append(o[0].transpose(0, 1).reshape(C, heads * D))
+    if Tg:
+        sl = slice(C, C + ng)
+        qg, kg, vg = (heads_first(tree.padded(t[sl], tree.g_idx, J, Tg)) for t in (q, k, v))
+        kgc = torch.cat([kc.expand(J, -1, -1, -1), kg], 2) if C else kg
+        vgc = torch.cat([vc.expand(J, -1, -1, -1), vg], 2) if C else vg
+        o = sdpa(qg, kgc, vgc, attn_mask=tree.group_mask, scale=scaling, enable_gqa=gqa)
+        out.append(o.transpose(1, 2).reshape(J, Tg, heads * D)[tree.g_idx])
+        keys.append(kg[tree.group])  # [B, kv, Tg, D]: each item's group
+        values.append(vg[tree.group])
+    sl = slice(C + ng, S)
+    qr, kr, vr = (heads_first(tree.padded(t[sl], tree.r_idx, B, Tr)) for t in (q, k, v))
+    if C:
+        keys.insert(0, kc.expand(B, -1, -1, -1))
+        values.insert(0, vc.expand(B, -1, -1, -1))
+    kr = torch.cat(keys + [kr], 2) if keys else kr
+    vr = torch.cat(values + [vr], 2) if values else vr
+    o = sdpa(qr, kr, vr, attn_mask=tree.item_mask, scale=scaling, enable_gqa=gqa)  # [B, heads, Tr, D]
+    out.append(o.transpose(1, 2).reshape(B, Tr, heads * D)[tree.r_idx])
+    return torch.cat(out) if len(out) > 1 else out[0]
