@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import random
 import statistics
 import sys
 import time
@@ -35,6 +36,8 @@ from benchmarks.common import at_least, format_table, row  # noqa: E402
 
 LORA = {"r": 16, "alpha": 32, "targets": "all-linear"}
 LR = 1e-5
+SEED = 42
+"""Both sides: TRL's trainer seed (its default), Ludic's LoRA init and sampling seeds."""
 
 
 def workload(quick: bool = False) -> dict[str, int]:
@@ -113,7 +116,7 @@ def bench_trl(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int =
         num_generations=group_size, max_completion_length=max_tokens, temperature=1.0, learning_rate=LR,
         use_cpu=True, bf16=False, report_to="none", logging_steps=1000, save_strategy="no", beta=0.0,
         model_init_kwargs={"dtype": getattr(torch, dtype)}, disable_tqdm=True, shuffle_dataset=False,
-        gradient_checkpointing=gradient_checkpointing,
+        gradient_checkpointing=gradient_checkpointing, seed=SEED,
     )
     lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["targets"], task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model_dir, reward_funcs=reward, args=args, train_dataset=ds, peft_config=lora,
@@ -155,7 +158,8 @@ def bench_ludic(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int
 
     register_reward("bench_text", lambda prompt, completion: reward_text(completion))
     lora = LoraSettings(rank=LORA["r"], alpha=LORA["alpha"], target_modules=LORA["targets"])
-    model, tok = load_policy(model_dir, lora=lora, dtype=dtype)
+    random.seed(SEED)  # unseeded sampling rows draw their seeds from here (token totals still vary by run)
+    model, tok = load_policy(model_dir, lora=lora, dtype=dtype, seed=SEED)
     engine = TransformersEngine(model, tok)
     sampling = SamplingParams(temperature=1.0, max_tokens=max_tokens)
 
@@ -179,7 +183,7 @@ def bench_ludic(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int
            "lora": f"r{lora.rank} alpha {lora.alpha} {lora.target_modules}", "reward": "distinct chars / 32",
            "sampling": dataclasses.asdict(sampling), "context": "last observation + system prompt",
            "engine": f"TransformersEngine max_batch_size={engine.max_batch_size}",
-           "algorithm": algo.describe(), "trainer": dataclasses.asdict(tcfg)}
+           "algorithm": algo.describe(), "trainer": dataclasses.asdict(tcfg), "seed": SEED}
     show("Ludic", cfg)
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
