@@ -476,22 +476,20 @@ def score_hidden(
     action token (a value head reads V(s) at each segment's first one).
 
     With ``packed`` (default) a model ``packed.packable`` accepts runs over the micro-batch's real
-    tokens laid out flat (``packed.packed_states``: no padding, the shared prefix once); others, and
-    ``packed=False``, run the model's decoder on the padded block (``_hidden_states``)."""
+    tokens laid out flat (``packed.packed_states``: no padding, each shared prompt part once, whatever
+    ``share_prefix`` says); others, and ``packed=False``, run the model's decoder on the padded block
+    (``_hidden_states``, the prefix all rows share once with ``share_prefix``)."""
     parts = parts or _decoder_and_head(model)
     if parts is None:
         raise ValueError(f"score_hidden: cannot split {type(model).__name__} into decoder and LM head "
                          "(FSDP-wrapped or not a Hugging Face causal LM)")
     decoder, head = parts
-    flat = packed and packable(model)
-    checkpointed = getattr(decoder, "gradient_checkpointing", False) and not flat  # no cache under checkpointing
-    prefix = shared_prefix_len(mb.items) if share_prefix and not checkpointed else 0
-    prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
-    if flat and bottom is not None:
-        h = bottom.packed_states(decoder, mb)
-    elif flat:
-        h = packed_states(decoder, mb.items, mb.rows, mb.cols)  # [N, H]
+    if packed and packable(model):  # [N, H]
+        h = packed_states(decoder, mb.items, mb.rows, mb.cols) if bottom is None else bottom.packed_states(decoder, mb)
     else:
+        checkpointed = getattr(decoder, "gradient_checkpointing", False)  # no cache under checkpointing
+        prefix = shared_prefix_len(mb.items) if share_prefix and not checkpointed else 0
+        prefix = prefix if prefix >= MIN_SHARED_PREFIX else 0
         hidden = _hidden_states(decoder, mb, prefix) if bottom is None else bottom.hidden_states(decoder, mb, prefix)
         h = hidden[mb.rows, mb.cols]  # [N, H]
     logps, ents = [], []
