@@ -1,13 +1,20 @@
-"""The benchmarks' pure helpers: the FLOPs count of bench_trainer, parameter counting, the ratio
-table, the CPU header and the runner's part selection (no benchmark is run here)."""
+"""The benchmarks' pure helpers (the FLOPs count of bench_trainer, parameter counting, the ratio
+table, the CPU header, the runner's part selection, the paired overhead), and one smoke run of the
+whole runner in ``--quick`` mode (slow: about 2 minutes), so a benchmark that breaks fails here and
+not in the next session's measurement."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from benchmarks.__main__ import parse_only
+from benchmarks.bench_rollout import paired_overhead
 from benchmarks.bench_trainer import param_counts, train_flops
 from benchmarks.common import at_least, at_most, cpu_info, fmt, format_table, header, row
 
@@ -98,3 +105,33 @@ def test_parse_only():
     assert parse_only("f, c,a") == ["a", "c", "f"]
     with pytest.raises(SystemExit, match="unknown part"):
         parse_only("a,x")
+
+
+def test_paired_overhead_is_the_median_of_back_to_back_ratios():
+    # the host's speed moved during the run: the ratio of the medians would say -7%, the pairs say 0
+    ludic = [{"seconds": s} for s in (1.0, 3.0, 1.3)]
+    bare = [{"seconds": s} for s in (1.0, 2.0, 1.4)]
+    assert paired_overhead(ludic, bare) == pytest.approx(0.0)
+    assert paired_overhead([{"seconds": 3.0}], [{"seconds": 2.0}]) == pytest.approx(0.5)
+
+
+@pytest.mark.slow
+def test_runner_quick_smoke(tmp_path):
+    """``python -m benchmarks --quick``: every part runs (vLLM skipped), writes its rows, and the
+    checks the real run relies on hold (same token ids for the bare engine, matching token totals
+    against TRL, the FLOPs formula printed)."""
+    out = tmp_path / "quick.json"
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--out", str(out)], cwd=root,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["quick"] is True and set(res["parts"]) == {"a", "b", "c", "f", "d", "e", "g"}
+    parts = {r["part"] for r in res["rows"]}
+    assert parts == {"a", "b", "c", "f", "d", "e", "g"}
+    for r in res["rows"]:
+        assert isinstance(r["ludic"], (int, float)) and math.isfinite(r["ludic"]) and r["ludic"] > 0, r
+    assert res["parts"]["a"]["tokens_within_10pct"] is True
+    assert res["parts"]["b"]["transformers"]["same_tokens"] is True
+    assert "2(N+N_lora)T" in res["parts"]["c"]["formula"]
+    assert "QUICK" in proc.stdout
