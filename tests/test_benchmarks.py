@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.__main__ import parse_only
-from benchmarks.bench_rollout import paired_overhead
+from benchmarks.bench_rollout import alternating_pairs, paired_overhead
 from benchmarks.bench_trainer import param_counts, train_flops
 from benchmarks.common import at_least, at_most, cpu_info, fmt, format_table, header, row
 
@@ -113,6 +113,23 @@ def test_paired_overhead_is_the_median_of_back_to_back_ratios():
     bare = [{"seconds": s} for s in (1.0, 2.0, 1.4)]
     assert paired_overhead(ludic, bare) == pytest.approx(0.0)
     assert paired_overhead([{"seconds": 3.0}], [{"seconds": 2.0}]) == pytest.approx(0.5)
+
+
+def test_alternating_pairs_swap_the_order_every_repeat():
+    # a run right after another workload (the HF generate of the last repeat) is slower on this host:
+    # always running Ludic first put that cost on Ludic's side only
+    calls = []
+
+    def side(name):
+        def f():
+            calls.append(name)
+            return {"seconds": float(len(calls))}
+        return f
+
+    ludic, bare = alternating_pairs(4, side("ludic"), side("bare"))
+    assert calls == ["ludic", "bare", "bare", "ludic", "ludic", "bare", "bare", "ludic"]
+    assert [r["seconds"] for r in ludic] == [1.0, 4.0, 5.0, 8.0]
+    assert [r["seconds"] for r in bare] == [2.0, 3.0, 6.0, 7.0]
 
 
 @pytest.mark.slow
