@@ -142,3 +142,39 @@ def test_packed_weights_multiply_as_the_plain_ones(dtype):
     x = torch.randn(4, 40, generator=g).to(dtype)
     assert not torch.allclose(linear(x, w, None, packed).float(), torch.nn.functional.linear(x, w).float())
     assert pack(torch.ones(3, 3, dtype=torch.float16)) is None  # not a dtype it packs: plain matmuls
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_decoders_rope_and_norms_are_the_models_own_bits(tiny_model_dir, family, dtype):
+    """The decode step's rolled rotary embedding and fused RMSNorm give the model's own modules'
+    results bit for bit (they are used only where a probe says so), and a norm or rotary function
+    of another formula keeps the model's own."""
+    from ludic.inference.decode import _fast_norm, _rolled_rope_matches
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    model = (load_model(str(tiny_model_dir), dtype="float32") if family == "llama" else _tiny(family, tok)).to(dtype)
+    dec = StaticDecoder.build(model)
+    assert dec._rolled and all(n is not m for (n, _), m in zip(dec.norms, (l.input_layernorm for l in dec.layers)))
+    g = torch.Generator().manual_seed(1)
+    B, D = 5, dec.head_dim
+    x = torch.randn(B, model.config.hidden_size, generator=g).to(dtype)
+    cos, sin = dec.body.rotary_emb(x, torch.tensor([[3], [17], [40], [41], [300]]))
+    q = torch.randn(B, dec.heads, 1, D, generator=g).to(dtype)
+    k = torch.randn(B, dec.kv_heads, 1, D, generator=g).to(dtype)
+    for got, want in zip(dec._rope(cos, sin)(q, k), dec.rope(q, k, cos, sin)):
+        assert torch.equal(got, want)
+    for (n1, n2), layer in zip(dec.norms, dec.layers):
+        assert torch.equal(n1(x), layer.input_layernorm(x)) and torch.equal(n2(x), layer.post_attention_layernorm(x))
+
+    class OnePlusNorm(torch.nn.Module):  # Gemma's formula: (1 + w) * x / rms
+        def __init__(self, h):
+            super().__init__()
+            self.weight, self.variance_epsilon = torch.nn.Parameter(torch.randn(h)), 1e-6
+
+        def forward(self, x):
+            return (1 + self.weight) * torch.nn.functional.rms_norm(x, (x.shape[-1],), None, self.variance_epsilon)
+
+    other = OnePlusNorm(8).to(dtype)
+    assert _fast_norm(other, dtype) is other
+    assert not _rolled_rope_matches(lambda q, k, cos, sin, **kw: (q * cos, k * cos), D, dtype)

@@ -106,12 +106,17 @@ class StaticDecoder:
         self.scaling = float(attn.scaling)
         self.qk_norm = hasattr(attn, "q_norm") and hasattr(attn, "k_norm")
         self.rope = rotary(attn)
+        dtype = self.head.weight.dtype
+        self._rolled = _rolled_rope_matches(self.rope, self.head_dim, dtype)
+        self.norms = [(_fast_norm(layer.input_layernorm, dtype), _fast_norm(layer.post_attention_layernorm, dtype))
+                      for layer in self.layers]
         self.keys: list[torch.Tensor] = []  # per layer [rows * kv, slots, D] fp32
         self.values: list[torch.Tensor] = []
         self.prompt_keys: list[torch.Tensor] = []  # grouped batches: per layer [prompts * kv, L, D]
         self.prompt_values: list[torch.Tensor] = []
         self.group = 0  # rows per prompt when grouped (see start), else 0
         self.mask: torch.Tensor | None = None
+        self._zero = torch.zeros(1, 1, 1)  # baddbmm's ignored input (beta=0)
         self.slot = 0
 
     @classmethod
@@ -137,12 +142,13 @@ class StaticDecoder:
         grouped = P < B and R * P == B and torch.equal(rows, torch.arange(P, device=dev).repeat_interleave(R))
         self.group = R if grouped else 0
         self.keys, self.values, self.prompt_keys, self.prompt_values = [], [], [], []
+        self._zero = torch.zeros(1, 1, 1, dtype=torch.float32, device=dev)
         mask = torch.zeros(P, L, dtype=torch.float32, device=dev).masked_fill_(attention_mask == 0, float("-inf"))
         for i in range(len(self.layers)):
             k, v = _layer_kv(past, i)
             if k.shape[0] != P or k.shape[-2] != L:
                 raise ValueError(f"prefilled cache layer {i} is {tuple(k.shape)}, the batch is {P} rows of {L}")
-            if grouped:  # the prompt once per prompt, then R rows of generated keys per prompt
+            if grouped:  # the prompt once per prompt, then generated keys in (prompt, kv head, row) order
                 self.prompt_keys.append(k.reshape(P * self.kv_heads, L, D).float())
                 self.prompt_values.append(v.reshape(P * self.kv_heads, L, D).float())
                 kb = torch.empty(B * self.kv_heads, max_new, D, dtype=torch.float32, device=dev)
@@ -167,33 +173,29 @@ class StaticDecoder:
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Feed ``input_ids`` [B] at ``positions`` [B]; the logits [B, V] (fp32) of the next token."""
-        B, D, g = input_ids.shape[0], self.head_dim, self.heads // self.kv_heads
+        B, D = input_ids.shape[0], self.head_dim
         t = self.slot
         if self.mask is None or t >= self.keys[0].shape[1]:
             raise RuntimeError("StaticDecoder.step: no room left in the cache (start() sized it)")
         x = self.body.embed_tokens(input_ids)  # [B, H]
         cos, sin = self.body.rotary_emb(x, positions[:, None])  # [B, 1, D] in the model dtype
-        mask = self.mask if self.group else self.mask[:, :, : t + 1]
+        rope = self._rope(cos, sin)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
+            norm1, norm2 = self.norms[i]
+            h = norm1(x)
             q = attn.q_proj(h).view(B, self.heads, 1, D)
             k = attn.k_proj(h).view(B, self.kv_heads, 1, D)
             v = attn.v_proj(h).view(B, self.kv_heads, D)
             if self.qk_norm:
                 q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = self.rope(q, k, cos, sin)  # [B, heads, 1, D], [B, kv, 1, D]
-            kc, vc = self.keys[i], self.values[i]
-            kc[:, t].copy_(k.reshape(B * self.kv_heads, D))
-            vc[:, t].copy_(v.reshape(B * self.kv_heads, D))
-            qf = q.reshape(B * self.kv_heads, g, D).float()  # query head j reads kv head j // g
+            q, k = rope(q, k)  # [B, heads, 1, D], [B, kv, 1, D]
             if self.group:
-                o = self._grouped_attention(qf, i, t + 1)
+                o = self._grouped_attention(q, k, v, i, t, x.dtype)
             else:
-                scores = torch.baddbmm(mask, qf, kc[:, : t + 1].transpose(1, 2), alpha=self.scaling)
-                o = torch.bmm(torch.softmax(scores, -1), vc[:, : t + 1])  # [B * kv, g, D]
-            x = x + attn.o_proj(o.reshape(B, self.heads * D).to(x.dtype))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+                o = self._row_attention(q, k, v, i, t, x.dtype)
+            x = x + attn.o_proj(o)
+            x = x + layer.mlp(norm2(x))
         self.slot = t + 1
         x = self.body.norm(x)
         if self.head_packed is not None and self.head.weight._version != self._head_version:
@@ -202,22 +204,109 @@ class StaticDecoder:
             return self.head(x).float()
         return linear(x, self.head.weight, None, self.head_packed).float()
 
-    def _grouped_attention(self, qf: torch.Tensor, i: int, n: int) -> torch.Tensor:
-        """Attention of ``qf`` [B * kv, g, D] (rows r of prompt p at p * R + r) over its prompt's keys
-        (``prompt_keys[i]``: [P * kv, L, D], read once per prompt for all R rows, whose query heads
-        are stacked: [P * kv, R * g, D]) and its own ``n`` generated keys, in one softmax."""
-        Bkv, g, D = qf.shape
-        R, kv = self.group, self.kv_heads
-        P, L = Bkv // kv // R, self.prompt_keys[i].shape[1]
-        qf = qf * self.scaling
-        stacked = qf.view(P, R, kv, g, D).transpose(1, 2).reshape(P * kv, R * g, D)
-        prompt = torch.baddbmm(self.mask, stacked, self.prompt_keys[i].transpose(1, 2))  # [P * kv, R * g, L]
-        prompt = prompt.view(P, kv, R, g, L).transpose(1, 2).reshape(Bkv, g, L)
-        own = torch.bmm(qf, self.keys[i][:, :n].transpose(1, 2))  # [B * kv, g, n]
-        p = torch.softmax(torch.cat([prompt, own], -1), -1)
-        p_prompt = p[..., :L].reshape(P, R, kv, g, L).transpose(1, 2).reshape(P * kv, R * g, L)
-        o = torch.bmm(p_prompt, self.prompt_values[i]).view(P, kv, R, g, D).transpose(1, 2).reshape(Bkv, g, D)
-        return o.add_(torch.bmm(p[..., L:], self.values[i][:, :n]))
+    def _rope(self, cos: torch.Tensor, sin: torch.Tensor) -> Any:
+        """The step's rotary embedding as ``f(q, k)``. Where the model's ``apply_rotary_pos_emb`` is
+        the usual ``x cos + rotate_half(x) sin`` (checked bit for bit when the decoder is built), it
+        runs as ``x cos + roll(x, D/2) (sign * sin)``: rotate_half(x) is roll(x) with its first half
+        negated, and a sign flip is exact, so the result is the same bits in 4 operations per tensor
+        instead of 7 (2 slices, a negation and a concatenation become one roll)."""
+        if not self._rolled:
+            return lambda q, k: self.rope(q, k, cos, sin)
+        c, s = _rolled_factors(cos, sin)
+        half = self.head_dim // 2
+        return lambda q, k: (q * c + q.roll(half, -1) * s, k * c + k.roll(half, -1) * s)
+
+    def _row_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int, t: int,
+                       dtype: Any) -> torch.Tensor:
+        """Every row over its own cache (keys and values [B * kv, slots, D], one row of key-slot biases
+        per row and kv head in ``mask``): ``q`` [B, heads, 1, D] -> [B, heads * D] in ``dtype``."""
+        B, D, g = q.shape[0], self.head_dim, self.heads // self.kv_heads
+        kc, vc = self.keys[i], self.values[i]
+        kc[:, t].copy_(k.reshape(B * self.kv_heads, D))
+        vc[:, t].copy_(v.reshape(B * self.kv_heads, D))
+        qf = q.reshape(B * self.kv_heads, g, D).float()  # query head j reads kv head j // g
+        scores = torch.baddbmm(self.mask[:, :, : t + 1], qf, kc[:, : t + 1].transpose(1, 2), alpha=self.scaling)
+        o = torch.bmm(torch.softmax(scores, -1), vc[:, : t + 1])  # [B * kv, g, D]
+        return o.reshape(B, self.heads * D).to(dtype)
+
+    def _grouped_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i: int, t: int,
+                           dtype: Any) -> torch.Tensor:
+        """Rows r of prompt p (at p * R + r) over their prompt's keys (``prompt_keys[i]``:
+        [P * kv, L, D], read once per prompt for all R rows, whose query heads are stacked:
+        [P * kv, R * g, D]) and their own generated keys (``keys[i]``: [P * kv * R, slots, D], in
+        (prompt, kv head, row) order, so the stacked queries need no reordering), one softmax over
+        both: ``q`` [B, heads, 1, D] -> [B, heads * D] in ``dtype``. Ten operations a layer: the
+        two cache writes, the queries' one reordering copy (cast to fp32 with it), two score
+        matmuls (the scale folded in), the concatenation, the softmax, two value matmuls (the
+        second accumulating in place), and the output's one reordering copy (cast back)."""
+        B, D, kv = q.shape[0], self.head_dim, self.kv_heads
+        g, R, n = self.heads // kv, self.group, t + 1
+        P, L = B // R, self.prompt_keys[i].shape[1]
+        kc, vc = self.keys[i], self.values[i]
+        kc[:, t].view(P, kv, R, D).copy_(k.view(P, R, kv, D).transpose(1, 2))
+        vc[:, t].view(P, kv, R, D).copy_(v.view(P, R, kv, D).transpose(1, 2))
+        qf = torch.empty(P, kv, R, g, D, dtype=torch.float32, device=q.device)
+        qf.copy_(q.view(P, R, kv, g, D).transpose(1, 2))
+        prompt = torch.baddbmm(self.mask, qf.view(P * kv, R * g, D), self.prompt_keys[i].transpose(1, 2),
+                               alpha=self.scaling)  # [P * kv, R * g, L]
+        own = torch.baddbmm(self._zero, qf.view(B * kv, g, D), kc[:, :n].transpose(1, 2), beta=0,
+                            alpha=self.scaling)  # [B * kv, g, n]
+        p = torch.softmax(torch.cat([prompt.view(B * kv, g, L), own], -1), -1)
+        o = torch.bmm(p[..., :L].view(P * kv, R * g, L), self.prompt_values[i]).view(B * kv, g, D)
+        o.baddbmm_(p[..., L:], vc[:, :n])
+        out = torch.empty(P, R, kv, g, D, dtype=dtype, device=q.device)
+        out.copy_(o.view(P, kv, R, g, D).transpose(1, 2))
+        return out.view(B, self.heads * D)
+
+
+def _rolled_factors(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sign * sin) with a heads axis ([B, 1, D] -> [B, 1, 1, D]), sign = -1 on the first half."""
+    half = sin.shape[-1] // 2
+    signed = torch.cat([-sin[..., :half], sin[..., half:]], -1)
+    return cos.unsqueeze(1), signed.unsqueeze(1)
+
+
+def _rolled_rope_matches(rope: Any, head_dim: int, dtype: Any) -> bool:
+    """Whether ``rope`` (a modeling module's ``apply_rotary_pos_emb``) gives, bit for bit, what the
+    rolled form in ``StaticDecoder._rope`` computes, on random inputs in ``dtype``."""
+    if head_dim % 2:
+        return False
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(3, h, 1, head_dim, generator=g).to(dtype) for h in (4, 2))
+    angles = torch.rand(3, 1, head_dim // 2, generator=g) * 100
+    cos, sin = (torch.cat([f(angles)] * 2, -1).to(dtype) for f in (torch.cos, torch.sin))
+    try:
+        want = rope(q, k, cos, sin)
+    except Exception:  # a signature this check does not know: the model's own function
+        return False
+    c, s = _rolled_factors(cos, sin)
+    got = (q * c + q.roll(head_dim // 2, -1) * s, k * c + k.roll(head_dim // 2, -1) * s)
+    return all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def _fast_norm(module: Any, dtype: Any) -> Any:
+    """``module`` (an RMSNorm of a supported family) as ``rms_norm(x) * weight``: torch's fused
+    ``rms_norm`` normalises in fp32 and rounds once, which is what the Llama-family modules compute
+    in six operations (cast up, square, mean, add eps, rsqrt, multiply, cast down) before the same
+    weight multiply. Used where that is the same bits on a random input in ``dtype``; otherwise
+    the module itself."""
+    weight = getattr(module, "weight", None)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", None))
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 1 or not isinstance(eps, float):
+        return module
+    shape = (weight.shape[0],)
+
+    def fused(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.rms_norm(x, shape, None, eps) * weight
+
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(7, shape[0], generator=g) * 3).to(dtype).to(weight.device)
+    try:
+        with torch.no_grad():
+            same = torch.equal(fused(x), module(x))
+    except Exception:
+        return module
+    return fused if same else module
 
 
 class _FusedLoraGroup(torch.nn.Module):

@@ -123,15 +123,16 @@ def packed_states(decoder: Any, items: Sequence[SAWItem], rows: Tensor, cols: Te
             x = torch.utils.checkpoint.checkpoint(_layer, layer, x, cos, sin, tree, use_reentrant=False)
         else:
             x = _layer(layer, x, cos, sin, tree)
-    return decoder.norm(x[tree.flat_index(rows, cols)])
+    return decoder.norm(x.index_select(0, tree.flat_index(rows, cols)))
 
 
 class _Tree:
     """The flat layout of a micro-batch: ``C`` common tokens, then the groups' prompt rests (group
     ``j``: ``g[j]`` tokens, padded to ``Tg`` for attention), then the items' completions (item
     ``b``: ``r[b]`` tokens, padded to ``Tr``). ``src_row`` / ``src_pos`` [S] give each flat token's
-    row and position in the padded micro-batch; ``*_idx`` where the flat tokens of each level sit
-    in their padded block; ``group_mask`` / ``item_mask`` which keys a padded query reads."""
+    row and position in the padded micro-batch; ``g_lin`` / ``r_lin`` where the flat tokens of each
+    level sit in their padded block (row * width + position); ``group_mask`` / ``item_mask`` which
+    keys a padded query reads."""
 
     def __init__(self, items: Sequence[SAWItem], device: Any) -> None:
         prompts: dict[tuple[int, ...], int] = {}
@@ -151,10 +152,8 @@ class _Tree:
         self.ids += [t for it in items for t in it.completion_ids]
         as_long = lambda v: torch.tensor(v, dtype=torch.long, device=device)  # noqa: E731
         self.src_row, self.src_pos = as_long(src_row), as_long(src_pos)
-        self.g_idx = (as_long([j for j in range(self.J) for _ in range(g[j])]),
-                      as_long([t for j in range(self.J) for t in range(g[j])]))
-        self.r_idx = (as_long([b for b in range(self.B) for _ in range(r[b])]),
-                      as_long([t for b in range(self.B) for t in range(r[b])]))
+        self.g_lin = as_long([j * self.Tg + t for j in range(self.J) for t in range(g[j])])
+        self.r_lin = as_long([b * self.Tr + t for b in range(self.B) for t in range(r[b])])
         self.group = as_long(group)
         goff = [sum(g[:j]) for j in range(self.J)]
         roff = [sum(r[:b]) for b in range(self.B)]
@@ -176,9 +175,18 @@ class _Tree:
                            torch.where(cols < plen, self.goff[rows] + cols - self.C, self.roff[rows] + cols - plen))
 
     @staticmethod
-    def padded(flat: Tensor, idx: tuple[Tensor, Tensor], n: int, t: int) -> Tensor:
-        """[m, ...] flat tokens of one level -> [n, t, ...] with zeros at padding."""
-        return flat.new_zeros(n, t, *flat.shape[1:]).index_put(idx, flat)
+    def padded(flat: Tensor, lin: Tensor, n: int, t: int) -> Tensor:
+        """[m, ...] flat tokens of one level -> [n, t, ...] with zeros at padding. Through
+        ``index_copy`` (its backward an ``index_select``): a (row, position) ``index_put`` and the
+        accumulating ``index_put`` of an advanced-indexing gather's backward took about ten times
+        as long on these shapes (0.47 ms against 0.05 ms for 300 rows of 576), 0.1 s of the GRPO
+        benchmark's training step."""
+        return flat.new_zeros(n * t, *flat.shape[1:]).index_copy(0, lin, flat).view(n, t, *flat.shape[1:])
+
+    @staticmethod
+    def unpadded(block: Tensor, lin: Tensor) -> Tensor:
+        """[n, t, ...] -> the [m, ...] flat tokens at ``lin`` (``padded``'s inverse)."""
+        return block.reshape(-1, *block.shape[2:]).index_select(0, lin)
 
 
 def _layer(layer: Any, x: Tensor, cos: Tensor, sin: Tensor, tree: _Tree) -> Tensor:
@@ -211,7 +219,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, scaling: float, tree: _Tree) -> 
     sdpa = torch.nn.functional.scaled_dot_product_attention
     gqa = heads != k.shape[1]
     q, k, v = q.float(), k.float(), v.float()
-    ng = S - C - tree.r_idx[0].shape[0]  # tokens of the groups' parts
+    ng = S - C - tree.r_lin.shape[0]  # tokens of the groups' parts
     heads_first = lambda t: t.transpose(1, 2)  # noqa: E731  [n, T, h, D] -> [n, h, T, D]
     out = []
     keys, values = [], []
@@ -221,20 +229,20 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, scaling: float, tree: _Tree) -> 
         out.append(o[0].transpose(0, 1).reshape(C, heads * D))
     if Tg:
         sl = slice(C, C + ng)
-        qg, kg, vg = (heads_first(tree.padded(t[sl], tree.g_idx, J, Tg)) for t in (q, k, v))
+        qg, kg, vg = (heads_first(tree.padded(t[sl], tree.g_lin, J, Tg)) for t in (q, k, v))
         kgc = torch.cat([kc.expand(J, -1, -1, -1), kg], 2) if C else kg
         vgc = torch.cat([vc.expand(J, -1, -1, -1), vg], 2) if C else vg
         o = sdpa(qg, kgc, vgc, attn_mask=tree.group_mask, scale=scaling, enable_gqa=gqa)
-        out.append(o.transpose(1, 2).reshape(J, Tg, heads * D)[tree.g_idx])
-        keys.append(kg[tree.group])  # [B, kv, Tg, D]: each item's group
-        values.append(vg[tree.group])
+        out.append(tree.unpadded(o.transpose(1, 2).reshape(J, Tg, heads * D), tree.g_lin))
+        keys.append(kg.index_select(0, tree.group))  # [B, kv, Tg, D]: each item's group
+        values.append(vg.index_select(0, tree.group))
     sl = slice(C + ng, S)
-    qr, kr, vr = (heads_first(tree.padded(t[sl], tree.r_idx, B, Tr)) for t in (q, k, v))
+    qr, kr, vr = (heads_first(tree.padded(t[sl], tree.r_lin, B, Tr)) for t in (q, k, v))
     if C:
         keys.insert(0, kc.expand(B, -1, -1, -1))
         values.insert(0, vc.expand(B, -1, -1, -1))
     kr = torch.cat(keys + [kr], 2) if keys else kr
     vr = torch.cat(values + [vr], 2) if values else vr
     o = sdpa(qr, kr, vr, attn_mask=tree.item_mask, scale=scaling, enable_gqa=gqa)  # [B, heads, Tr, D]
-    out.append(o.transpose(1, 2).reshape(B, Tr, heads * D)[tree.r_idx])
+    out.append(tree.unpadded(o.transpose(1, 2).reshape(B, Tr, heads * D), tree.r_lin))
     return torch.cat(out) if len(out) > 1 else out[0]
