@@ -22,15 +22,16 @@ def test_inverse_cdf_frequencies_match_the_distribution_and_skip_zero_mass():
     n = 60_000
     u = torch.rand(n, generator=g, dtype=torch.float64)
     for block in (64, 256, 299):  # 999: the vocabulary is padded to whole blocks
-        idx = _inverse_cdf(p.float().expand(n, -1).contiguous(), u, block=block)
+        idx, total = _inverse_cdf(p.float().expand(n, -1).contiguous(), u, block=block)
+        assert torch.allclose(total, p.sum().expand(n), rtol=1e-6)
         freq = torch.bincount(idx, minlength=300).double() / n
         assert freq[100:140].sum() == 0 and idx.max() < 300
         sd = (p * (1 - p) / n).sqrt()
         assert ((freq - p).abs() <= 5 * sd + 1e-6).all()  # every token within 5 standard deviations
     # the edges: u = 0 takes the first token with mass, u -> 1 the last one
     q = torch.tensor([[0.0, 0.0, 0.5, 0.5, 0.0]])
-    assert _inverse_cdf(q, torch.tensor([0.0], dtype=torch.float64), block=2).item() == 2
-    assert _inverse_cdf(q, torch.tensor([1 - 1e-16], dtype=torch.float64), block=2).item() == 3
+    assert _inverse_cdf(q, torch.tensor([0.0], dtype=torch.float64), block=2)[0].item() == 2
+    assert _inverse_cdf(q, torch.tensor([1 - 1e-16], dtype=torch.float64), block=2)[0].item() == 3
 
 
 def test_sample_reports_the_log_probs_of_the_tempered_distribution():

@@ -374,34 +374,44 @@ def _sample(
         drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= top_ps[:, None]  # keep the first token always
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted) & ~greedy[:, None]
         scaled = scaled.masked_fill(drop, float("-inf"))
-    logp = torch.log_softmax(scaled, dim=-1)
+    # probabilities up to their sum (exp of the max-shifted logits): the draw needs no normalised
+    # distribution, and the chosen token's log-prob is its shifted logit minus log(sum)
+    top = scaled.max(dim=-1, keepdim=True).values
+    probs = (scaled - top).exp_()
     u = torch.tensor([torch.rand(1, generator=g, dtype=torch.float64).item() for g in gens],
                      dtype=torch.float64, device=logits.device)
-    chosen = _inverse_cdf(logp.exp(), u)
+    chosen, total = _inverse_cdf(probs, u)
     if bool(greedy.any()):
         chosen = torch.where(greedy, logits.argmax(dim=-1), chosen)
-    return chosen, logp.gather(1, chosen[:, None])[:, 0]
+    logp = scaled.gather(1, chosen[:, None])[:, 0] - top[:, 0] - total.log().float()
+    return chosen, logp
 
 
-def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
     """For each row of ``probs`` [B, V] (non-negative, not necessarily normalised), the index i with
-    cdf[i-1] <= u * total < cdf[i], for ``u`` [B] in [0, 1): an exact draw from the row's distribution
-    that never returns a zero-probability index. Two levels, in float64: sums of ``block``-token blocks
-    and their running total pick a block, then a running sum inside that block only (a full fp32
-    cumsum over V is a sequential pass, and loses ~1e-5 of the mass over 49152 terms)."""
+    cdf[i-1] <= u * total < cdf[i], for ``u`` [B] in [0, 1): a draw from the row's distribution that
+    never returns a zero-probability index; and the row's total [B] (float64). Two levels: the sums
+    of ``block``-token blocks (fp32 vectorised sums, about 1e-7 relative error, as the fp32
+    probabilities themselves have) and their float64 running total pick a block, then a float64
+    running sum inside that block only, onto which the residual is rescaled (the two sums of a block
+    differ by rounding). A full fp32 cumsum over V is a sequential pass and loses ~1e-5 of the mass
+    over 49152 terms; block sums in float64 (a cast of every probability) took 1.2 ms of a 2.5 ms
+    sampling step for 16 x 49152 logits, fp32 block sums 0.02 ms."""
     B, V = probs.shape
     nb = -(-V // block)
     if nb * block != V:
         probs = torch.nn.functional.pad(probs, (0, nb * block - V))
     blocks = probs.view(B, nb, block)
-    ends = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [B, nb]
+    sums = blocks.sum(-1)  # [B, nb] fp32
+    ends = sums.double().cumsum(-1)
     target = (u * ends[:, -1])[:, None]
     b = torch.searchsorted(ends, target, right=True).clamp(max=nb - 1)  # [B, 1]; its block has mass > 0
     before = torch.where(b > 0, ends.gather(1, (b - 1).clamp(min=0)), torch.zeros_like(target))
     inner = blocks[torch.arange(B, device=probs.device), b[:, 0]].double().cumsum(-1)  # [B, block]
-    j = torch.searchsorted(inner, target - before, right=True)
+    resid = (target - before) * (inner[:, -1:] / sums.gather(1, b).double())
+    j = torch.searchsorted(inner, resid, right=True)
     last = (inner < inner[:, -1:]).sum(-1, keepdim=True)  # the block's last index with mass (rounding guard)
-    return (b * block + torch.minimum(j, last))[:, 0]
+    return (b * block + torch.minimum(j, last))[:, 0], ends[:, -1]
 
 
 def _stop_string_text(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> str | None:
