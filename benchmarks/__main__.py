@@ -2,6 +2,7 @@
 
     python -m benchmarks [--only a,b,c,d,e,f,g] [--quick] [--dtype auto] [--threads N]
                          [--out benchmarks/results.json]
+    python -m benchmarks --gpu                # one CUDA GPU: part (a) only, in its GPU configuration
 
 Parts (each compares Ludic with a peer in this run, on this machine):
 
@@ -17,7 +18,10 @@ Parts (each compares Ludic with a peer in this run, on this machine):
 Parts never run at the same time. A part that fails is reported (and the exit status is 1);
 the others still run. ``--quick`` shrinks every part (1 step, a few tokens, no vLLM) for a smoke
 check; its numbers are not results. Every part's numbers go to ``--out`` (JSON) and the table
-ends the output, under a header naming the CPU, its flags, the core count, torch and the dtype.
+ends the output, under a header naming the CPU, its flags, the core count, torch and the dtype
+(and the GPU, where there is one). ``--gpu`` runs part (a) on the GPU: a model of about 1B
+parameters, Ludic on an in-process vLLM engine against TRL with colocated vLLM
+(``bench_grpo_vs_trl.GPU``); the other parts measure the CPU path and are not run with it.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ def part_runners(args: argparse.Namespace, dtype: str) -> dict[str, Callable[[],
     def a() -> dict[str, Any]:
         from benchmarks import bench_grpo_vs_trl
 
-        return bench_grpo_vs_trl.run(None, dtype, quick=args.quick)
+        return bench_grpo_vs_trl.run(None, dtype, quick=args.quick, **(bench_grpo_vs_trl.GPU if args.gpu else {}))
 
     def b() -> dict[str, Any]:
         from benchmarks import bench_rollout
@@ -106,8 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads here and in the parts' subprocesses (default: torch's own choice)")
     ap.add_argument("--out", default="benchmarks/results.json", help="where every part's numbers go (JSON)")
+    ap.add_argument("--gpu", action="store_true", help="part (a) on one CUDA GPU (its GPU configuration)")
     args = ap.parse_args(argv)
     parts = parse_only(args.only)
+    if args.gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--gpu: no CUDA GPU here (torch.cuda.is_available() is False)")
+        if parts != ["a"] and args.only:
+            raise SystemExit("--gpu runs part (a) only")
+        parts = ["a"]
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the subprocesses of (c) and (f)
         import torch

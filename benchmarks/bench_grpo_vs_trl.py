@@ -9,6 +9,15 @@ tic-tac-toe recipe's system prompt plus a compact board. The reward only needs v
 + one optimizer step on both sides.
 
     python benchmarks/bench_grpo_vs_trl.py [--steps 3] [--dtype auto] [--quick]
+    python benchmarks/bench_grpo_vs_trl.py --gpu          # one CUDA GPU: see below
+
+``--gpu`` (the issue's GPU table; CI never runs it): the same workload on a model scaled to about
+1B parameters, Ludic sampling from an in-process vLLM engine (``VLLMEngineClient``, the LoRA adapter
+pushed after every step) and training on the GPU, against TRL's GRPOTrainer with vLLM in colocate
+mode. With no model hub on such a machine, the model is ``random:llama-1b``: the packaged model's
+tokenizer under a randomly initialised Llama of Llama-3.2-1B's shape (same FLOPs and bytes as a
+trained model of that shape; random weights rarely stop early, so both sides generate the full 32
+tokens). ``--model``, ``--engine``, ``--device`` and ``--trl-vllm`` set the parts one by one.
 
 Prints each side's configuration, seconds per step (median over the measured steps, after one
 warm-up step each), generated and trained completion tokens per step on both sides (TRL's are
@@ -38,6 +47,59 @@ LORA = {"r": 16, "alpha": 32, "targets": "all-linear"}
 LR = 1e-5
 SEED = 42
 """Both sides: TRL's trainer seed (its default), Ludic's LoRA init and sampling seeds."""
+
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "llama-1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
+                 "num_key_value_heads": 8, "head_dim": 64, "rope_theta": 500000.0, "tie_word_embeddings": True},
+    "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": True},
+}
+"""Model shapes for ``random:<name>`` (Llama architecture, the packaged tokenizer's vocabulary): with
+that 49152-token vocabulary ``llama-1b`` has 1.07B parameters; ``tiny`` is for tests."""
+
+
+def random_model(shape: str, root: Path | None = None) -> Path:
+    """A folder holding a seeded, randomly initialised Llama of ``SHAPES[shape]`` in bf16, with the
+    packaged model's tokenizer and chat template (made once, then reused from ``root``, by default
+    Ludic's cache). For speed comparisons on machines without a model hub."""
+    import shutil
+
+    import torch
+    import transformers
+
+    from ludic.inference.models import cache_dir, packaged_model_dir
+
+    if shape not in SHAPES:
+        raise SystemExit(f"unknown model shape {shape!r} (random:<shape>): choose from {', '.join(SHAPES)}")
+    out = (root or cache_dir() / "models") / f"random-{shape}"
+    if (out / "config.json").exists():
+        return out
+    src = packaged_model_dir()
+    base = transformers.AutoConfig.from_pretrained(src)
+    cfg = transformers.LlamaConfig(**{**base.to_dict(), **SHAPES[shape], "architectures": ["LlamaForCausalLM"],
+                                      "torch_dtype": "bfloat16"})
+    torch.manual_seed(SEED)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
+            shutil.copy(f, tmp / f.name)
+    tmp.rename(out)
+    return out
+
+
+def model_dir_for(spec: str | None) -> str:
+    """``None``: the packaged model; ``random:<shape>``: ``random_model(shape)``; else a folder or name."""
+    from ludic.inference.models import packaged_model_dir
+
+    if spec is None:
+        return str(packaged_model_dir())
+    if spec.startswith("random:"):
+        return str(random_model(spec.split(":", 1)[1]))
+    return spec
 
 
 def workload(quick: bool = False) -> dict[str, int]:
@@ -72,15 +134,21 @@ TRL_FIELDS = ("per_device_train_batch_size", "num_generations", "generation_batc
               "repetition_penalty", "loss_type", "beta", "epsilon", "epsilon_high", "scale_rewards",
               "importance_sampling_level", "num_iterations", "mask_truncated_completions", "learning_rate",
               "lr_scheduler_type", "weight_decay", "max_grad_norm", "optim", "bf16", "use_cpu", "use_vllm",
-              "gradient_checkpointing", "seed")
+              "gradient_checkpointing", "seed", "vllm_mode", "vllm_gpu_memory_utilization")
 
 
 def bench_trl(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int = 2, group_size: int = 8,
-              max_tokens: int = 32, gradient_checkpointing: bool = False) -> dict[str, Any]:
+              max_tokens: int = 32, gradient_checkpointing: bool = False, device: str = "cpu",
+              use_vllm: bool = False) -> dict[str, Any]:
     """TRL's GRPOTrainer for 1 warm-up + ``steps`` steps; seconds and token totals of the timed steps.
 
     TRL 1.x turns gradient checkpointing on by default; Ludic's trainer does not, so it is off here
-    unless ``gradient_checkpointing`` (the same work on both sides)."""
+    unless ``gradient_checkpointing`` (the same work on both sides). ``device="cuda"`` trains on the
+    GPU (bf16 mixed precision when ``dtype`` is bfloat16); ``use_vllm`` samples with vLLM in colocate
+    mode (TRL syncs weights into vLLM's model runner, which vLLM's CPU backend does not support: a
+    GPU only)."""
+    if use_vllm and device != "cuda":
+        raise SystemExit("TRL's colocated vLLM (use_vllm) needs a GPU: run with --device cuda")
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -114,9 +182,11 @@ def bench_trl(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int =
     args = GRPOConfig(
         output_dir="/tmp/ludic_bench_trl", max_steps=steps + 1, per_device_train_batch_size=n,
         num_generations=group_size, max_completion_length=max_tokens, temperature=1.0, learning_rate=LR,
-        use_cpu=True, bf16=False, report_to="none", logging_steps=1000, save_strategy="no", beta=0.0,
-        model_init_kwargs={"dtype": getattr(torch, dtype)}, disable_tqdm=True, shuffle_dataset=False,
+        use_cpu=device == "cpu", bf16=device != "cpu" and dtype == "bfloat16", report_to="none",
+        logging_steps=1000, save_strategy="no", beta=0.0, disable_tqdm=True, shuffle_dataset=False,
+        model_init_kwargs={"dtype": getattr(torch, dtype) if device == "cpu" else torch.float32},
         gradient_checkpointing=gradient_checkpointing, seed=SEED,
+        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3} if use_vllm else {}),
     )
     lora = LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], target_modules=LORA["targets"], task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model_dir, reward_funcs=reward, args=args, train_dataset=ds, peft_config=lora,
@@ -124,7 +194,7 @@ def bench_trl(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int =
     tok = trainer.processing_class
     tok = getattr(tok, "tokenizer", tok)
     eos_ids.update(i for i in (tok.eos_token_id, tok.pad_token_id) if i is not None)
-    cfg = {"model": model_dir, "dtype": dtype, "threads": torch.get_num_threads(),
+    cfg = {"model": model_dir, "dtype": dtype, "device": device, "threads": torch.get_num_threads(),
            "prompts per step": prompts_per_step, "completions per step": n,
            "lora": f"r{LORA['r']} alpha {LORA['alpha']} {LORA['targets']}", "reward": "distinct chars / 32",
            **{k: getattr(args, k, None) for k in TRL_FIELDS}}
@@ -134,11 +204,15 @@ def bench_trl(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int =
 
 
 def bench_ludic(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int = 2, group_size: int = 8,
-                max_tokens: int = 32, profile: bool = False) -> dict[str, Any]:
-    """Ludic's Trainer (RolloutBatchSource over the in-process TransformersEngine, GRPO preset) for
-    1 warm-up + ``steps`` steps; seconds (with the generation / training split) and token totals of
-    the timed steps. ``profile``: the last step runs under ``torch.profiler``, its top operators
-    by self CPU time are returned as ``profile`` (a table)."""
+                max_tokens: int = 32, profile: bool = False, engine_kind: str = "transformers",
+                device: str = "cpu") -> dict[str, Any]:
+    """Ludic's Trainer (RolloutBatchSource over an in-process engine, GRPO preset) for 1 warm-up +
+    ``steps`` steps; seconds (with the generation / training split) and token totals of the timed
+    steps. ``engine_kind``: ``transformers`` (the TransformersEngine sharing the trained model: a
+    publish is a version tag) or ``vllm`` (a ``VLLMEngineClient``; the LoRA adapter is saved and
+    loaded as a new ``LoRARequest`` after every step, inside the timed step). ``device``: where the
+    policy trains. ``profile``: the last step runs under ``torch.profiler``, its top operators by
+    self CPU time are returned as ``profile`` (a table)."""
     import torch
 
     from ludic.agents.agent import Agent
@@ -159,8 +233,19 @@ def bench_ludic(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int
     register_reward("bench_text", lambda prompt, completion: reward_text(completion))
     lora = LoraSettings(rank=LORA["r"], alpha=LORA["alpha"], target_modules=LORA["targets"])
     random.seed(SEED)  # unseeded sampling rows draw their seeds from here (token totals still vary by run)
-    model, tok = load_policy(model_dir, lora=lora, dtype=dtype, seed=SEED)
-    engine = TransformersEngine(model, tok)
+    model, tok = load_policy(model_dir, lora=lora, dtype=dtype, seed=SEED, device=device)
+    if engine_kind == "vllm":
+        from ludic.inference.vllm_engine import VLLMEngineClient
+
+        gpu = {"gpu_memory_utilization": 0.3} if device == "cuda" else {}
+        engine: Any = VLLMEngineClient(model_dir, dtype=dtype, enable_lora=True, max_lora_rank=LORA["r"],
+                                       seed=SEED, max_model_len=1024, **gpu)
+        engine_desc = "VLLMEngineClient (in-process vLLM), LoRA adapter pushed every step"
+    elif engine_kind == "transformers":
+        engine = TransformersEngine(model, tok)
+        engine_desc = f"TransformersEngine max_batch_size={engine.max_batch_size}"
+    else:
+        raise SystemExit(f"unknown engine {engine_kind!r}: transformers or vllm")
     sampling = SamplingParams(temperature=1.0, max_tokens=max_tokens)
 
     def factory():
@@ -178,23 +263,38 @@ def bench_ludic(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int
                                 algo.credit, strategy=GRPORequestStrategy(group_size))
     tcfg = TrainerConfig(lr=LR)
     trainer = Trainer(model, algo, source, tcfg, publisher=InProcessPublisher(engine), pad_token_id=tok.pad_token_id)
-    cfg = {"model": model_dir, "dtype": dtype, "threads": torch.get_num_threads(),
+    cfg = {"model": model_dir, "dtype": dtype, "device": device, "threads": torch.get_num_threads(),
            "prompts per step": prompts_per_step, "completions per step": prompts_per_step * group_size,
            "lora": f"r{lora.rank} alpha {lora.alpha} {lora.target_modules}", "reward": "distinct chars / 32",
            "sampling": dataclasses.asdict(sampling), "context": "last observation + system prompt",
-           "engine": f"TransformersEngine max_batch_size={engine.max_batch_size}",
+           "engine": engine_desc,
            "algorithm": algo.describe(), "trainer": dataclasses.asdict(tcfg), "seed": SEED}
     show("Ludic", cfg)
+    try:
+        out = timed_steps(trainer, source, steps, profile)
+    finally:
+        if engine_kind == "vllm":
+            engine.close()
+    return {**out, "config": cfg}
+
+
+def timed_steps(trainer: Any, source: Any, steps: int, profile: bool = False) -> dict[str, Any]:
+    """1 warm-up + ``steps`` steps of ``trainer``: each timed step's seconds, generated and trained
+    completion tokens and generation / training split (the warm-up left out); with ``profile`` the
+    last step runs under torch.profiler and its top operators are returned as ``profile``."""
+    import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    times, generated, trained, split = [], [], [], []
-    table = None
+    cuda = torch.cuda.is_available()
+    times, generated, trained, split, table = [], [], [], [], None
     for k in range(steps + 1):
         profiled = profile and k == steps
         with (torch_profile(activities=[ProfilerActivity.CPU]) if profiled else contextlib.nullcontext()) as prof:
             t0 = time.perf_counter()
             m = asyncio.run(trainer.train_step())
+            if cuda:  # the step's GPU work is done before the clock stops
+                torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
         if profiled:
             table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
@@ -202,28 +302,38 @@ def bench_ludic(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int
         trained.append(int(m["action_tokens"]))
         split.append({"generation_s": float(m.get("generation_s", 0.0)), "train_s": float(m.get("train_s", 0.0))})
     return {"times": times[1:], "generated": generated[1:], "trained": trained[1:], "split": split[1:],
-            "config": cfg, "profile": table}
+            "profile": table}
 
 
 def mean(xs: list[float]) -> float:
     return statistics.mean(xs) if xs else float("nan")
 
 
+GPU = {"model": "random:llama-1b", "engine": "vllm", "device": "cuda", "trl_vllm": True}
+"""``--gpu``: the issue's GPU configuration of part (a)."""
+
+
 def run(steps: int | None = None, dtype: str = "auto", *, quick: bool = False,
-        trl_gradient_checkpointing: bool = False) -> dict[str, Any]:
-    """Both sides, one after the other; part (a) of the runner."""
-    from ludic.inference.models import packaged_model_dir, resolve_dtype
+        trl_gradient_checkpointing: bool = False, model: str | None = None, engine: str = "transformers",
+        device: str = "cpu", trl_vllm: bool = False) -> dict[str, Any]:
+    """Both sides, one after the other; part (a) of the runner. ``model``: see ``model_dir_for``;
+    ``engine``: Ludic's sampler (``bench_ludic``); ``device``: where both sides train;
+    ``trl_vllm``: TRL samples with colocated vLLM (a GPU only)."""
+    from ludic.inference.models import resolve_dtype
 
     steps = steps or (1 if quick else 3)
     w = workload(quick)
-    model_dir, dtype = str(packaged_model_dir()), resolve_dtype(dtype)
+    model_dir, dtype = model_dir_for(model), resolve_dtype(dtype)
     kw = {"prompts_per_step": w["prompts"], "group_size": w["group_size"], "max_tokens": w["max_tokens"]}
-    lu = bench_ludic(model_dir, steps, dtype, **kw)
-    trl = bench_trl(model_dir, steps, dtype, gradient_checkpointing=trl_gradient_checkpointing, **kw)
+    lu = bench_ludic(model_dir, steps, dtype, engine_kind=engine, device=device, **kw)
+    trl = bench_trl(model_dir, steps, dtype, gradient_checkpointing=trl_gradient_checkpointing, device=device,
+                    use_vllm=trl_vllm, **kw)
     lt, tt = statistics.median(lu["times"]), statistics.median(trl["times"])
     n = w["prompts"] * w["group_size"]
+    setup = "" if (model, engine, device, trl_vllm) == (None, "transformers", "cpu", False) else \
+        f" [{device}; {model or 'packaged model'}; Ludic {engine}, TRL {'vLLM' if trl_vllm else 'generate'}]"
     print(f"[grpo] dtype {dtype}; {n} completions (<= {w['max_tokens']} tokens) per step; LoRA r16; "
-          f"median of {steps} steps after 1 warm-up")
+          f"median of {steps} steps after 1 warm-up{setup}")
     sp = lu["split"]
     print(f"[grpo] ludic split: generation {mean([x['generation_s'] for x in sp]):.2f} s, "
           f"training {mean([x['train_s'] for x in sp]):.2f} s per step")
@@ -237,10 +347,11 @@ def run(steps: int | None = None, dtype: str = "auto", *, quick: bool = False,
           f"trl {'yes' if trl['generated'] == trl['trained'] else 'no'}; ludic vs TRL tokens/step within 10%: "
           f"{'yes' if within else 'NO'} (sampling differs, so totals match only in expectation)")
     print(f"[grpo] ratio  TRL / Ludic = {tt / lt:.2f}x")
-    rows = [row("a", "GRPO step s (TRL GRPOTrainer / Ludic)", lt, tt, tt / lt, unit="s", goal=">=5x",
+    rows = [row("a", f"GRPO step s (TRL GRPOTrainer / Ludic){setup}", lt, tt, tt / lt, unit="s", goal=">=5x",
                 met=at_least(tt / lt, 5.0)),
             row("a", "completion tokens per step (Ludic / TRL)", tr_l, tr_t, tr_l / tr_t if tr_t else None)]
-    return {"workload": {**w, "steps": steps, "dtype": dtype}, "ludic": lu, "trl": trl, "ratio": tt / lt,
+    return {"workload": {**w, "steps": steps, "dtype": dtype, "model": model_dir, "engine": engine, "device": device,
+                         "trl_vllm": trl_vllm}, "ludic": lu, "trl": trl, "ratio": tt / lt,
             "tokens_within_10pct": within, "rows": rows}
 
 
@@ -253,18 +364,28 @@ def main() -> None:
                     help="TRL's own default (off here: Ludic does not checkpoint activations either)")
     ap.add_argument("--profile", action="store_true",
                     help="only the Ludic side: 1 warm-up + 1 step under torch.profiler; print where the time goes")
+    ap.add_argument("--model", default=None, help="a model folder or name, or random:<shape> "
+                    f"({', '.join(SHAPES)}); default: the packaged SmolLM2-135M-Instruct")
+    ap.add_argument("--engine", default="transformers", choices=["transformers", "vllm"], help="Ludic's sampler")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both sides train")
+    ap.add_argument("--trl-vllm", action="store_true", help="TRL samples with colocated vLLM (a GPU only)")
+    ap.add_argument("--gpu", action="store_true", help="the GPU table: " + ", ".join(f"{k} {v}" for k, v in GPU.items()))
     args = ap.parse_args()
+    setup = dict(GPU) if args.gpu else {"model": args.model, "engine": args.engine, "device": args.device,
+                                        "trl_vllm": args.trl_vllm}
     if args.profile:
-        from ludic.inference.models import packaged_model_dir, resolve_dtype
+        from ludic.inference.models import resolve_dtype
 
         w = workload(args.quick)
-        lu = bench_ludic(str(packaged_model_dir()), 1, resolve_dtype(args.dtype), profile=True,
+        lu = bench_ludic(model_dir_for(setup["model"]), 1, resolve_dtype(args.dtype), profile=True,
+                         engine_kind=setup["engine"], device=setup["device"],
                          prompts_per_step=w["prompts"], group_size=w["group_size"], max_tokens=w["max_tokens"])
         print(f"[grpo] ludic profiled step {lu['times'][0]:.2f} s: generation {lu['split'][0]['generation_s']:.2f} s, "
               f"training {lu['split'][0]['train_s']:.2f} s (profiler overhead included)")
         print(lu["profile"])
         return
-    out = run(args.steps, args.dtype, quick=args.quick, trl_gradient_checkpointing=args.trl_gradient_checkpointing)
+    out = run(args.steps, args.dtype, quick=args.quick, trl_gradient_checkpointing=args.trl_gradient_checkpointing,
+              **setup)
     print(format_table(out["rows"]))
 
 

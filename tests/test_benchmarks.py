@@ -152,3 +152,49 @@ def test_runner_quick_smoke(tmp_path):
     assert res["parts"]["b"]["transformers"]["same_tokens"] is True
     assert "2(N+N_lora)T" in res["parts"]["c"]["formula"]
     assert "QUICK" in proc.stdout
+
+
+def test_random_model_of_a_named_shape(tmp_path):
+    """``random:<shape>`` (part (a)'s GPU model, where no hub can be reached): a seeded Llama of the
+    shape with the packaged tokenizer and chat template, made once and reused; unknown shapes are
+    refused with the known ones named."""
+    import torch
+
+    from benchmarks.bench_grpo_vs_trl import SHAPES, random_model
+    from ludic.inference.models import load_model, load_tokenizer, packaged_model_dir
+    from ludic.tokenization import render_ids
+
+    path = random_model("tiny", tmp_path)
+    assert path == tmp_path / "random-tiny" and random_model("tiny", tmp_path) == path
+    model, tok = load_model(str(path), dtype="float32"), load_tokenizer(str(path))
+    want = load_tokenizer(str(packaged_model_dir()))
+    assert model.config.model_type == "llama" and model.config.vocab_size == len(want)
+    assert {k: getattr(model.config, k) for k in SHAPES["tiny"]} == SHAPES["tiny"]
+    msgs = [{"role": "user", "content": "hi"}]
+    assert render_ids(tok, msgs) == render_ids(want, msgs)
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()
+    with pytest.raises(SystemExit, match="llama-1b"):
+        random_model("no-such-shape", tmp_path)
+
+
+def test_trl_with_vllm_is_refused_without_a_gpu():
+    from benchmarks.bench_grpo_vs_trl import bench_trl
+
+    with pytest.raises(SystemExit, match="needs a GPU"):
+        bench_trl("unused", 1, "float32", use_vllm=True)
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_ludic_grpo_step_on_the_in_process_vllm_engine():
+    """Part (a)'s Ludic side as ``--gpu`` runs it, on vLLM's CPU build: the trainer samples from a
+    ``VLLMEngineClient`` and pushes its LoRA adapter into it after every step."""
+    pytest.importorskip("vllm")
+    from benchmarks.bench_grpo_vs_trl import bench_ludic
+    from ludic.inference.models import packaged_model_dir, resolve_dtype
+
+    out = bench_ludic(str(packaged_model_dir()), 1, resolve_dtype("auto"), engine_kind="vllm",
+                      prompts_per_step=1, group_size=2, max_tokens=4)
+    assert "VLLMEngineClient" in out["config"]["engine"]
+    assert len(out["times"]) == 1 and out["generated"] == out["trained"] and 0 < out["generated"][0] <= 8
