@@ -271,9 +271,13 @@ async def test_token_in_token_out(server: VLLMServerProcess, tokenizer, base_gre
             assert t.completion_ids[-1] == tokenizer.eos_token_id  # EOS kept in the ids
         else:
             assert len(t.completion_ids) == 32
-    # same seed, same tokens
-    again = await c.complete(reqs[0])
-    assert again.trace.completion_ids == outs[0].trace.completion_ids
+    # same seed, same batch, same tokens: a request alone twice. (Alone against the burst above is
+    # not the same computation: vLLM's CPU kernels round a batch of 6 differently from a batch of 1
+    # on some machines; on an AMX machine the two samples agreed for 9 tokens, then parted at a
+    # near-tie. A seed promises its tokens for the same batch, not across batches.)
+    alone = [await c.complete(reqs[0]) for _ in range(2)]
+    assert alone[0].trace.completion_ids == alone[1].trace.completion_ids
+    assert alone[0].trace.logprobs == alone[1].trace.logprobs
     # stop strings are kept in the text; the ids include the token that completed them
     r = await c.complete(ChatRequest([{"role": "user", "content": "Count from 1 to 9, one per line."}],
                                      SamplingParams(temperature=0, max_tokens=64, stop=("3",))))
