@@ -11,8 +11,11 @@ cache to a ``StaticDecoder``, which runs every following one-token step itself:
 - attention is grouped matmuls in fp32 (no repeat of the key/value heads), with an additive padding
   mask built once per batch;
 - rotary angles are computed once per step for all layers (the model's own rotary module, so every
-  rope type transformers supports works), and the causal mask is not rebuilt per step;
-- the projections, norms and MLP are the model's own modules, called on 2-D ``[B, H]`` rows: plain
+  rope type transformers supports works) and applied as ``x cos + roll(x) (sign * sin)``, and the
+  norms run as ``rms_norm(x) * weight``, each where a probe at build time finds the model's own
+  function gives the same bits (fewer operations; the model's own function elsewhere); the causal
+  mask is not rebuilt per step;
+- the projections and MLP are the model's own modules, called on 2-D ``[B, H]`` rows: plain
   ``nn.Linear``, peft LoRA linears and the fused decode view all work unchanged.
 
 The decode view (``cast_adapter_view``) replaces a LoRA model's linears by ``_FusedLoraGroup``s in
