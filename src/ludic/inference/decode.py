@@ -119,7 +119,7 @@ class StaticDecoder:
         self.prompt_values: list[torch.Tensor] = []
         self.group = 0  # rows per prompt when grouped (see start), else 0
         self.mask: torch.Tensor | None = None
-        self._zero = torch.zeros(1, 1, 1)  # baddbmm's ignored input (beta=0)
+        self._zero: torch.Tensor | None = None  # baddbmm's ignored input (beta=0), made by start on the cache's device
         self.slot = 0
 
     @classmethod
