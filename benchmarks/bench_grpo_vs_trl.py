@@ -184,7 +184,7 @@ def bench_trl(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int =
         num_generations=group_size, max_completion_length=max_tokens, temperature=1.0, learning_rate=LR,
         use_cpu=device == "cpu", bf16=device != "cpu" and dtype == "bfloat16", report_to="none",
         logging_steps=1000, save_strategy="no", beta=0.0, disable_tqdm=True, shuffle_dataset=False,
-        model_init_kwargs={"dtype": getattr(torch, dtype) if device == "cpu" else torch.float32},
+        model_init_kwargs={"dtype": getattr(torch, dtype)},  # the weights in Ludic's dtype on every device
         gradient_checkpointing=gradient_checkpointing, seed=SEED,
         **({"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3} if use_vllm else {}),
     )
