@@ -1,0 +1,80 @@
+"""Mixed precision: fp32 master weights under a bf16 model (training.precision).
+
+An AdamW step moves a weight by about ``lr``. For a bf16 weight in [1, 2) (ulp 2^-7, about 0.0078)
+a step of 1e-3 is under half an ulp: stored back into bf16 it rounds to the weight it started from.
+Pure bf16 training (the optimizer on the bf16 weights) then never moves; with fp32 masters the
+updates add up and, after a few steps, the bf16 weights the model computes with move too.
+"""
+
+import torch
+
+from ludic.training.algorithms import make_sft
+from ludic.training.lora import load_policy
+from ludic.training.trainer import Trainer, TrainerConfig
+from ludic.types import SAWBatch, SAWItem
+
+LR = 1e-3
+
+
+class FixedSource:
+    def __init__(self, items):
+        self.items = items
+
+    async def next_batch(self):
+        return SAWBatch(items=list(self.items), meta={})
+
+
+def _items(n=4):
+    g = torch.Generator().manual_seed(0)
+    return [SAWItem(tuple(torch.randint(5, 500, (8,), generator=g).tolist()),
+                    tuple(torch.randint(5, 500, (4,), generator=g).tolist()), 1.0) for _ in range(n)]
+
+
+def _bf16_model_one_trainable(model_dir):
+    """The tiny model in bf16, everything frozen but the last MLP's down projection, whose weights are
+    set in [1, 2): a step of LR is under half a bf16 ulp of every one of them."""
+    model, tok = load_policy(str(model_dir), dtype="bfloat16")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    w = model.model.layers[-1].mlp.down_proj.weight
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        w.copy_((1.0 + torch.rand(w.shape, generator=g)).to(torch.bfloat16))
+    w.requires_grad_(True)
+    return model, tok, w
+
+
+def _trainer(model, tok, **cfg):
+    items = _items()
+    tcfg = TrainerConfig(lr=LR, betas=(0.9, 0.999), weight_decay=0.0, max_grad_norm=1e9, **cfg)
+    return Trainer(model, make_sft(), FixedSource(items), tcfg, pad_token_id=tok.pad_token_id), items
+
+
+def test_update_under_half_a_bf16_ulp_moves_fp32_masters_not_pure_bf16(tiny_model_dir):
+    # mixed precision (the default): the optimizer holds an fp32 master of the bf16 weight
+    model, tok, w = _bf16_model_one_trainable(tiny_model_dir)
+    start = w.detach().clone()
+    trainer, items = _trainer(model, tok)
+    (master,) = [p for g in trainer.optimizer.param_groups for p in g["params"]]
+    assert master.dtype == torch.float32 and master is not w
+    assert all(s["exp_avg"].dtype == torch.float32 for s in [trainer.optimizer.state.get(master, {})] if s)
+    trainer.optimize(items)
+    moved = (master.detach() - start.float()).abs()
+    assert float(moved.max()) > 0.5 * LR, "one step did not move the fp32 master"
+    assert float(moved.max()) < 2 ** -8, "the step was meant to be under half a bf16 ulp"
+    assert trainer.optimizer.state[master]["exp_avg"].dtype == torch.float32
+    assert torch.equal(w.detach(), start), "one sub-ulp step already changed the bf16 weight"
+    for _ in range(7):
+        trainer.optimize(items)
+    changed = (w.detach() != start).float().mean()
+    assert float(changed) > 0.5, f"after 8 steps only {float(changed):.1%} of the bf16 weights moved"
+    assert torch.equal(w.detach(), master.detach().to(torch.bfloat16)), "the model computes with its rounded master"
+
+    # pure bf16 (the explicit flag): the same steps round away on every weight
+    model, tok, w = _bf16_model_one_trainable(tiny_model_dir)
+    trainer, items = _trainer(model, tok, master_weights=False)
+    (param,) = [p for g in trainer.optimizer.param_groups for p in g["params"]]
+    assert param is w
+    for _ in range(8):
+        trainer.optimize(items)
+    assert torch.equal(w.detach(), start), "pure bf16 kept a sub-ulp update"
