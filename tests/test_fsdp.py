@@ -160,3 +160,56 @@ def test_exit_worker_flushes_and_skips_finalisation_only_in_a_worker():
                                                                 "ludic.distributed._JOINED = True\nimport os")],
                             capture_output=True, text=True, timeout=60)
     assert (joined.returncode, joined.stdout) == (3, "done"), joined.stderr
+
+
+MIXED_WORKER = '''
+import json, sys
+import torch
+from ludic.distributed import exit_worker, init_distributed, is_rank0, shutdown_distributed
+from ludic.training.algorithms import make_sft
+from ludic.training.fsdp import full_state_dict, shard_model
+from ludic.training.lora import load_policy
+from ludic.training.trainer import Trainer, TrainerConfig
+from ludic.types import SAWBatch, SAWItem
+
+class Source:
+    async def next_batch(self):
+        return SAWBatch(items=ITEMS, meta={})
+
+rank, world = init_distributed()
+model, tok = load_policy(sys.argv[1], dtype="bfloat16")
+start = {n: p.detach().clone() for n, p in model.named_parameters()}
+model = shard_model(model)  # auto: the model's bf16 is the compute dtype, the shards fp32
+g = torch.Generator().manual_seed(0)
+ITEMS = [SAWItem(tuple(torch.randint(5, 500, (8,), generator=g).tolist()),
+                 tuple(torch.randint(5, 500, (4,), generator=g).tolist()), 1.0) for _ in range(4)][rank::world]
+shard_dtypes = sorted({str(p.dtype) for p in model.parameters()})
+seen = {}
+h = model.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, i, o: seen.update(out=str(o.dtype)) and None)
+trainer = Trainer(model, make_sft(), Source(), TrainerConfig(lr=1e-5, max_grad_norm=1e9), pad_token_id=tok.pad_token_id)
+trainer.optimize(ITEMS)
+h.remove()
+state_dtypes = sorted({str(t.dtype) for s in trainer.optimizer.state.values() for k, t in s.items() if k != "step"})
+full = full_state_dict(model)
+if is_rank0():
+    w = "model.layers.1.mlp.down_proj.weight"
+    moved = (full[w].float() - start[w].float()).abs()
+    print(json.dumps({"shards": shard_dtypes, "state": state_dtypes, "compute": seen["out"],
+                      "masters_active": trainer.masters.active, "saved": str(full[w].dtype),
+                      "sub_ulp_moved": float(((moved > 0) & (moved < start[w].float().abs() * 2 ** -9)).float().mean())}))
+shutdown_distributed()
+exit_worker()
+'''
+
+
+def test_fsdp2_shards_a_bf16_model_as_fp32_masters_computing_in_bf16(tiny_model_dir, tmp_path):
+    """A bf16 model under FSDP2 (``shard_model``'s default): fp32 shards and AdamW state, bf16 activations,
+    and the first step's updates (about lr = 1e-5, under half a bf16 ulp of most weights) kept."""
+    script = tmp_path / "mixed_worker.py"
+    script.write_text(MIXED_WORKER)
+    out = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                str(script), str(tiny_model_dir)], OMP_NUM_THREADS="1")
+    assert out["shards"] == ["torch.float32"] and out["state"] == ["torch.float32"]
+    assert out["compute"] == "torch.bfloat16" and out["saved"] == "torch.float32"
+    assert not out["masters_active"]  # FSDP's fp32 shards are the masters: no second copy
+    assert out["sub_ulp_moved"] > 0.3, out

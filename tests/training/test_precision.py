@@ -78,3 +78,48 @@ def test_update_under_half_a_bf16_ulp_moves_fp32_masters_not_pure_bf16(tiny_mode
     for _ in range(8):
         trainer.optimize(items)
     assert torch.equal(w.detach(), start), "pure bf16 kept a sub-ulp update"
+
+
+def test_resume_continues_from_the_fp32_masters(tiny_model_dir, tmp_path):
+    """A checkpoint of a bf16 model stores the masters: the resumed run's next step is the uninterrupted one's."""
+    def make():
+        model, tok, w = _bf16_model_one_trainable(tiny_model_dir)
+        trainer, items = _trainer(model, tok, checkpoint_every=2)
+        trainer.checkpoint_dir = tmp_path / "ckpt"
+        return trainer, items, w
+
+    import asyncio
+
+    trainer, items, w = make()
+    asyncio.run(trainer.train(2))
+    (master,) = trainer.masters.params
+    assert (tmp_path / "ckpt" / "step_000002" / "master_weights.safetensors").exists()
+    saved_master = master.detach().clone()
+    assert not torch.equal(saved_master.to(torch.bfloat16).float(), saved_master), "masters hold more than bf16"
+    asyncio.run(trainer.train(3))
+    want_master, want_w = master.detach().clone(), w.detach().clone()
+
+    resumed, items, w2 = make()
+    assert resumed.resume() and resumed.step == 2
+    assert torch.equal(resumed.masters.params[0].detach(), saved_master)
+    assert torch.equal(w2.detach(), saved_master.to(torch.bfloat16))
+    asyncio.run(resumed.train(3))
+    assert torch.equal(resumed.masters.params[0].detach(), want_master)
+    assert torch.equal(w2.detach(), want_w)
+
+
+def test_fp16_scales_the_loss_and_skips_an_overflowing_step(tiny_model_dir):
+    model, tok = load_policy(str(tiny_model_dir), dtype="float16")
+    trainer, items = _trainer(model, tok)
+    assert trainer.masters.scaler is not None and trainer.masters.active
+    (name, w), = [(n, p) for n, p in model.named_parameters() if n.endswith("layers.1.mlp.down_proj.weight")]
+    start = w.detach().clone()
+    m = trainer.optimize(items)
+    assert m["loss_scale"] == 2.0 ** 16 and "skipped_overflow" not in m and m["grad_norm"] < 1e4
+    assert not torch.equal(w.detach(), start), "an fp16 step changed nothing"
+    # an overflow: the scaled gradients are not finite -> no step, the scale halves
+    trainer.masters.scaler.scale = 1e30
+    before = w.detach().clone()
+    m = trainer.optimize(items)
+    assert m.get("skipped_overflow") == 1 and m["loss_scale"] == 5e29
+    assert torch.equal(w.detach(), before)

@@ -265,7 +265,7 @@ class TrainQAConfig:
     expression, then the result as the answer), written through the same agent and template; 0: none."""
     tool_demo_lr: float = 5e-4
     fsdp_mixed_precision: str = "auto"
-    """Under torchrun (FSDP2): auto (bf16 on CUDA with bf16, else float32) | bf16 | none."""
+    """Under torchrun (FSDP2): auto (compute in --dtype over fp32 shards) | bf16 | none (shard as loaded)."""
     run_dir: str | None = None
     logger: str = "rich"
     resume: bool = True
@@ -322,7 +322,7 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
     lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
     model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
     if world > 1:
-        model = shard_model(model, mixed_precision=cfg.fsdp_mixed_precision)
+        model = shard_model(model, mixed_precision=cfg.fsdp_mixed_precision if cfg.trainer.master_weights else "none")
     inf = await make_inference(cfg.inference, model, tok, cfg.model, run_dir, host=cfg.host, port=cfg.port,
                                dtype=cfg.dtype)
     sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.qa.max_completion_tokens)

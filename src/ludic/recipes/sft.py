@@ -44,6 +44,7 @@ class SFTConfig:
     fsdp: bool = True
     """Under torchrun: shard the model with FSDP2 (fully_shard); False replicates it and sums gradients."""
     fsdp_mixed_precision: str = "auto"
+    """Under torchrun (FSDP2): auto (compute in --dtype over fp32 shards) | bf16 | none (shard as loaded)."""
     final_save: bool = True
     run_dir: str | None = None
     logs_dir: str | None = None
@@ -74,7 +75,7 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
     if world > 1 and cfg.fsdp:
         from ludic.training.fsdp import shard_model
 
-        model = shard_model(model, mixed_precision=cfg.fsdp_mixed_precision)
+        model = shard_model(model, mixed_precision=cfg.fsdp_mixed_precision if cfg.trainer.master_weights else "none")
     items = load_sft_items([p.strip() for p in cfg.data.split(",") if p.strip()], tok, cfg.chat_template)
     steps = math.ceil(cfg.epochs * len(items) / (cfg.batch_size * world))
     if cfg.max_steps:

@@ -3,6 +3,7 @@
 Layout of ``<root>/step_000010/``:
 
     model/            HF folder: the LoRA adapter (peft) or the full model, + tokenizer
+    master_weights.safetensors  fp32 masters of low-precision trained parameters (mixed precision)
     optimizer.pt      optimizer state        scheduler.pt   LR scheduler state
     rng.json          torch (CPU, CUDA) / python / numpy RNG states (JSON, no pickle)
     trainer_state.json {"step", "policy_version", "algorithm", "source_state", ...}  (written last)
@@ -70,11 +71,14 @@ def save_checkpoint(
     max_to_keep: int | None = 2,
     model_state: dict[str, Any] | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    master_weights: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write a complete checkpoint for ``step`` and point ``latest.json`` at it (crash-safe, see above).
 
     ``model_state`` / ``optimizer_state``: full state dicts gathered from a sharded (FSDP2) model,
-    written instead of the model's and optimizer's own (which hold only this rank's shards)."""
+    written instead of the model's and optimizer's own (which hold only this rank's shards).
+    ``master_weights``: fp32 masters of a bf16 / fp16 model's trained parameters (``training.precision``):
+    the model folder holds their rounding, a resume needs them exactly."""
     root = Path(root)
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
@@ -85,6 +89,10 @@ def save_checkpoint(
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
     _save_value_head(model, tmp)
+    if master_weights:
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().contiguous().cpu() for k, v in master_weights.items()}, str(tmp / MASTER_WEIGHTS_FILE))
     if optimizer is not None:
         torch.save(optimizer_state if optimizer_state is not None else optimizer.state_dict(), tmp / "optimizer.pt")
     if scheduler is not None:
@@ -170,6 +178,20 @@ def load_checkpoint(
     if restore_rng and (path / "rng.json").exists():
         _set_rng_state(json.loads((path / "rng.json").read_text()))
     return state
+
+
+MASTER_WEIGHTS_FILE = "master_weights.safetensors"
+"""fp32 master weights of a mixed-precision run, beside ``model/`` (which holds them rounded)."""
+
+
+def load_master_weights(path: str | Path) -> dict[str, torch.Tensor] | None:
+    """The fp32 masters a checkpoint saved, or None (an fp32 or pure low-precision run)."""
+    f = Path(path) / MASTER_WEIGHTS_FILE
+    if not f.exists():
+        return None
+    from safetensors.torch import load_file
+
+    return load_file(str(f))
 
 
 VALUE_HEAD_FILE = "value_head.safetensors"

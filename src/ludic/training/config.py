@@ -48,6 +48,12 @@ class TrainerConfig:
     """Checkpoints kept on disk."""
     max_empty_steps: int = 5
     """Stop the run after this many batches in a row with no trainable item on any rank."""
+    master_weights: bool = True
+    """Mixed precision for a bf16 / fp16 model (``--dtype``): the optimizer keeps fp32 master weights and
+    fp32 AdamW state, gradients sum and clip in fp32, the model computes in its dtype. --no-master-weights
+    is pure low-precision training: AdamW updates the bf16 weights in place and every update under half
+    a bf16 ulp (about 0.4% of a weight) is lost; measured on the tic-tac-toe recipe's SFT, 55.8% best
+    move against 91.3% in fp32. No effect on fp32 parameters (LoRA adapters are fp32)."""
     kl_target: float | None = None
     """Adaptive KL controller (PPO): after each batch the loss's ``kl_coef`` is multiplied by
     1 + clip(kl / kl_target - 1, -0.2, 0.2) * items / kl_horizon (Ziegler et al.); None: fixed."""

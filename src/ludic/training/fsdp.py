@@ -15,9 +15,9 @@ still joins every collective. The loss normalisers are whole-batch sums over
 ranks, so the update equals single-process training on the global batch
 (``tests/test_fsdp.py`` checks loss and weights on CPU with 2 processes).
 
-Mixed precision: ``"bf16"`` computes in bfloat16 and reduces gradients in
-float32 (``MixedPrecisionPolicy``); ``"auto"`` picks it on CUDA devices with
-bf16 and keeps float32 elsewhere (CPU runs stay exact).
+Mixed precision: the model's dtype (``--dtype``) is the compute dtype. A bf16 model is sharded as
+fp32 parameters under ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: fp32 masters
+and optimizer state, bf16 forward and backward, fp32 gradient reduction (``shard_model``).
 
 Weights leave a sharded model through ``full_state_dict`` (every rank takes
 part in the gather; rank 0 gets the full tensors, with LoRA deltas merged when
@@ -47,21 +47,31 @@ def decoder_layers(model: Any) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def mixed_precision_policy(kind: str = "auto") -> Any:
-    """None (float32) or a ``MixedPrecisionPolicy`` for ``kind`` in auto | bf16 | none."""
+def mixed_precision_policy(kind: str = "auto", compute_dtype: Any = None) -> Any:
+    """None (train the parameters in their own dtype) or a ``MixedPrecisionPolicy`` for ``kind``:
+    "auto" follows ``compute_dtype`` (the model's dtype, which ``--dtype`` chose: bf16 / fp16 compute
+    over fp32 shards, nothing for fp32), "bf16" computes in bf16 whatever the model's dtype, "none"
+    shards the parameters as they are. Gradients are reduced in fp32 under every policy."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if kind == "auto":
-        kind = "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "none"
+        kind = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(compute_dtype, "none")
     if kind == "none":
         return None
-    if kind == "bf16":
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    raise ValueError(f"unknown FSDP mixed precision {kind!r}: use auto, bf16 or none")
+    if kind in ("bf16", "fp16"):
+        param = torch.bfloat16 if kind == "bf16" else torch.float16
+        return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=torch.float32)
+    raise ValueError(f"unknown FSDP mixed precision {kind!r}: use auto, bf16, fp16 or none")
 
 
 def shard_model(model: Any, *, mixed_precision: str = "auto", reshard_after_forward: bool = True) -> Any:
     """``fully_shard`` each decoder layer, then the whole model (in place; returns it).
+
+    Mixed precision as every peer does it: a model loaded in bf16 (``--dtype``) is sharded as fp32
+    parameters (the masters: the optimizer and its state are fp32) and computes in bf16, FSDP casting
+    each layer's gathered parameters and reducing gradients in fp32 (``MixedPrecisionPolicy``; see
+    ``mixed_precision_policy`` for ``mixed_precision``). ``"none"`` shards the parameters as loaded:
+    a bf16 model then trains pure bf16, losing every update under half an ulp (``training.precision``).
 
     Needs an initialised process group. Frozen and trainable parameters (LoRA)
     may share a layer: FSDP2 shards both and reduces only the gradients that exist.
@@ -70,7 +80,13 @@ def shard_model(model: Any, *, mixed_precision: str = "auto", reshard_after_forw
 
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         raise RuntimeError("shard_model needs torch.distributed (launch with torchrun; see init_distributed)")
-    mp = mixed_precision_policy(mixed_precision)
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    compute = next(iter(dtypes)) if len(dtypes) == 1 else None
+    mp = mixed_precision_policy(mixed_precision, compute)
+    if mp is not None:
+        for p in model.parameters():  # fp32 shards: the masters FSDP casts from at every gather
+            if p.is_floating_point() and p.dtype != torch.float32:
+                p.data = p.data.float()
     kw: dict[str, Any] = {"reshard_after_forward": reshard_after_forward}
     if mp is not None:
         kw["mp_policy"] = mp

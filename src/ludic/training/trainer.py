@@ -9,7 +9,8 @@ Before the first step the starting weights are published (``publish_start``). On
        micro-batches under ``micro_token_budget``, each scored at its sampling
        temperature, ``compute_loss``, ``backward`` (micro-batch losses sum to the
        batch loss, so no rescaling); gradients all-reduced across ranks (plain data
-       parallel, every rank joins; FSDP2 does its own); clip; AdamW step;
+       parallel, every rank joins; FSDP2 does its own); clip; AdamW step; the fp32 master
+       weights of low-precision parameters rounded back into the model (``training.precision``);
     4. LR schedule; bump the policy version and publish weights;
     5. checkpoint and log.
 
@@ -43,11 +44,12 @@ from ludic.training.batching import (
     split_by_token_budget,
     truncate_item,
 )
-from ludic.training.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from ludic.training.checkpoint import latest_checkpoint, load_checkpoint, load_master_weights, save_checkpoint
 from ludic.training.config import TrainerConfig
 from ludic.training.losses import LossInputs, compute_loss
 from ludic.training.lora import frozen_bottom_layers
 from ludic.training.packed import packable
+from ludic.training.precision import MasterWeights
 from ludic.training.value import segment_starts, value_head
 from ludic.types import SAWItem
 
@@ -179,7 +181,9 @@ class Trainer:
             raise ValueError("Trainer: the model has no trainable parameters")
         self.bottom_cache = FrozenBottomCache(model, frozen_bottom_layers(model)) if self.cfg.cache_frozen_bottom else None
         """Outputs of the frozen bottom layers per item (``TrainerConfig.cache_frozen_bottom``)."""
-        self.optimizer = make_optimizer(params, self.cfg)
+        self.masters = MasterWeights(params, enabled=self.cfg.master_weights)
+        """fp32 master weights of the low-precision trainable parameters (``training.precision``)."""
+        self.optimizer = make_optimizer(self.masters.params, self.cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
 
     # -- schedule -----------------------------------------------------------
@@ -359,7 +363,7 @@ class Trainer:
             mb = collate(group, self.pad_token_id, self.device)
             train_tokens += int(mb.attention_mask.sum())
             loss, stats = self.objective(self, mb, totals)
-            loss.backward()
+            self.masters.backward(loss)
             n = int(mb.targets.numel())
             n_tok += n
             for k, v in stats.items():
@@ -372,11 +376,17 @@ class Trainer:
             self._idle_forward_backward()  # FSDP's all-gathers / reduce-scatters need every rank
         self._all_reduce_grads()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        if totals["segments_raw"] > 0:  # the global batch has items: every rank steps, in lockstep
+        if totals["segments_raw"] > 0 and self.masters.unscale_and_check():  # every rank steps, in lockstep
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
             self.optimizer.step()
+            self.masters.to_model()
+        elif totals["segments_raw"] > 0:  # fp16: the scaled gradients overflowed; the scale was lowered
+            grad_norm = torch.tensor(float("inf"))
+            metrics["skipped_overflow"] = 1
         else:
             grad_norm = torch.tensor(0.0)
+        if self.masters.scaler is not None:
+            metrics["loss_scale"] = self.masters.scaler.scale
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]
         dt = time.perf_counter() - t0
@@ -519,6 +529,7 @@ class Trainer:
             self.checkpoint_dir, self.step, model=self.model, optimizer=self.optimizer,
             scheduler=self.scheduler, tokenizer=self.tokenizer, state=state, max_to_keep=self.cfg.max_to_keep,
             model_state=model_state, optimizer_state=optimizer_state,
+            master_weights=self.masters.state_dict(self.model) if self.masters.active else None,
         )
         if hasattr(self.source, "on_checkpoint"):  # e.g. the pipeline acknowledges what this checkpoint holds
             self.source.on_checkpoint(path)
@@ -533,6 +544,8 @@ class Trainer:
             if path is None:
                 return False
         state = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
+        if self.masters.active:  # the fp32 masters, not the rounding of them the model folder holds
+            self.masters.load_state_dict(self.model, load_master_weights(path) or {})
         self.step = int(state["step"])
         self.policy_version = int(state.get("policy_version", self.step))
         if "kl_coef" in state and self.cfg.kl_target is not None:  # the adaptive controller's position
