@@ -3,7 +3,10 @@
 Workload (the GUIDE's TRL baseline): SmolLM2-135M-Instruct, LoRA r16 / alpha 32 on all linear
 layers, 16 completions per step (2 prompts x 8), at most 32 completion tokens, temperature 1,
 lr 1e-5, no KL term, bf16 where the CPU has native bf16 (else float32), no gradient checkpointing
-(TRL 1.x turns it on by default; ``--trl-gradient-checkpointing`` restores that). Prompts are the
+(TRL 1.x turns it on by default; ``--trl-gradient-checkpointing`` restores that). One precision
+scheme on both sides, printed with the results: bf16 frozen base weights and compute, fp32 LoRA
+adapters and AdamW state (Ludic: ``training.precision``; TRL: peft's fp32 adapters and ``bf16=True``,
+accelerate's mixed precision, also on CPU). Prompts are the
 tic-tac-toe recipe's system prompt plus a compact board. The reward only needs variance
 (distinct characters / 32), so both trainers do real updates. A step is generation + scoring
 + one optimizer step on both sides.
@@ -41,7 +44,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a file: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import at_least, format_table, row  # noqa: E402
+from benchmarks.common import at_least, format_table, precision_of, row  # noqa: E402
 
 LORA = {"r": 16, "alpha": 32, "targets": "all-linear"}
 LR = 1e-5
@@ -182,7 +185,7 @@ def bench_trl(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int =
     args = GRPOConfig(
         output_dir="/tmp/ludic_bench_trl", max_steps=steps + 1, per_device_train_batch_size=n,
         num_generations=group_size, max_completion_length=max_tokens, temperature=1.0, learning_rate=LR,
-        use_cpu=device == "cpu", bf16=device != "cpu" and dtype == "bfloat16", report_to="none",
+        use_cpu=device == "cpu", bf16=dtype == "bfloat16", report_to="none",
         logging_steps=1000, save_strategy="no", beta=0.0, disable_tqdm=True, shuffle_dataset=False,
         model_init_kwargs={"dtype": getattr(torch, dtype)},  # the weights in Ludic's dtype on every device
         gradient_checkpointing=gradient_checkpointing, seed=SEED,
@@ -200,6 +203,7 @@ def bench_trl(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int =
            **{k: getattr(args, k, None) for k in TRL_FIELDS}}
     show("TRL GRPOTrainer", cfg)
     trainer.train()
+    cfg["precision"] = precision_of(trainer.model, trainer.optimizer, "bfloat16" if args.bf16 else None)
     return {"times": times[1:], "generated": generated[1:], "trained": trained[1:], "config": cfg}
 
 
@@ -275,6 +279,7 @@ def bench_ludic(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int
     finally:
         if engine_kind == "vllm":
             engine.close()
+    cfg["precision"] = precision_of(model, trainer.optimizer)
     return {**out, "config": cfg}
 
 
@@ -346,6 +351,7 @@ def run(steps: int | None = None, dtype: str = "auto", *, quick: bool = False,
     print(f"[grpo] generated = trained on each side: ludic {'yes' if lu['generated'] == lu['trained'] else 'no'}, "
           f"trl {'yes' if trl['generated'] == trl['trained'] else 'no'}; ludic vs TRL tokens/step within 10%: "
           f"{'yes' if within else 'NO'} (sampling differs, so totals match only in expectation)")
+    print(f"[grpo] precision: ludic {lu['config']['precision']} | trl {trl['config']['precision']}")
     print(f"[grpo] ratio  TRL / Ludic = {tt / lt:.2f}x")
     rows = [row("a", f"GRPO step s (TRL GRPOTrainer / Ludic){setup}", lt, tt, tt / lt, unit="s", goal=">=5x",
                 met=at_least(tt / lt, 5.0)),

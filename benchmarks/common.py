@@ -58,6 +58,24 @@ def header(info: dict[str, Any]) -> str:
             f"({info.get('torch_threads', '?')} threads) | dtype {info.get('dtype', '?')}{gpu}")
 
 
+def precision_of(model: Any, optimizer: Any = None, autocast: str | None = None) -> str:
+    """How a side computes and keeps its weights: the frozen and the trained parameters' dtypes, the
+    dtype of what the optimizer steps (fp32 masters or the parameters themselves) and of its state,
+    and an autocast dtype where the side runs under one (TRL's ``bf16=True``)."""
+    def kinds(ps: Iterable[Any]) -> str:
+        names = sorted({str(p.dtype).replace("torch.", "") for p in ps})
+        return "/".join(names) or "-"
+
+    params = list(model.parameters())
+    text = (f"frozen weights {kinds(p for p in params if not p.requires_grad)}, trained "
+            f"{kinds(p for p in params if p.requires_grad)}")
+    if optimizer is not None:
+        stepped = [p for g in optimizer.param_groups for p in g["params"]]
+        state = [t for s in optimizer.state.values() for k, t in s.items() if k != "step" and hasattr(t, "dtype")]
+        text += f"; optimizer steps {kinds(stepped)}, state {kinds(state)}"
+    return text + (f"; autocast {autocast}" if autocast else "")
+
+
 def med(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 

@@ -223,9 +223,10 @@ def test_scores_apply_the_models_own_logit_post_processing(family):
 
 def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     """A bf16 model with fp32 LoRA adapters decodes through a view whose LoRA linears are fused
-    (``[W; A]`` in one matmul, then B) in bf16, refreshed before every batch:
-    after the adapters change, the sampler's log-probs are the trained model's; every tensor outside
-    the LoRA linears is shared, not copied."""
+    (``[W; A]`` in one matmul, then B) in bf16, refreshed when the policy moves: after the adapters
+    change and a new policy version, the sampler's log-probs are the trained model's (the base copies
+    are not touched); after ``weights_changed()`` (a full-weight load) the base follows too; every
+    tensor outside the LoRA linears is shared, not copied."""
     from ludic.inference.decode import _GroupMember
     from ludic.training.lora import LoraSettings, load_policy
 
@@ -234,7 +235,7 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     prompt = list(range(5, 17))
     sample = [SamplingParams(temperature=1.0, max_tokens=6, seed=1)]
     before = engine.generate([prompt], sample)[0].trace
-    view, src, dst = engine._decoder
+    _, view, src, dst = engine._decoder
     fused = [m for m in view.modules() if isinstance(m, _GroupMember)]
     assert view is not model and fused and all(q.dtype == torch.bfloat16 for q in dst)
     assert len(fused) == sum(1 for n, _ in model.named_parameters() if "lora_A" in n)
@@ -244,16 +245,24 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     shared = {n: p.data_ptr() for n, p in model.named_parameters() if "lora_" not in n}
     outside = [(n, q) for n, q in view.named_parameters() if n in shared]
     assert outside and all(shared[n] == q.data_ptr() for n, q in outside)
-    synced = list(engine._synced)
+    base_copies = [d.clone() for s, d in zip(src, dst) if not s.requires_grad]
 
     g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # an optimizer step's worth of change, in place
+    with torch.no_grad():  # an optimizer step's worth of change, in place, and a base weight changed too
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+        q_proj = model.get_submodule("base_model.model.model.layers.0.self_attn.q_proj").base_layer.weight
+        q_start = q_proj.detach().clone()
+        q_proj.mul_(3.0)
+    stale = engine.generate([prompt], sample)[0].trace
+    assert stale.logprobs == before.logprobs  # no new policy yet (no publish, no trainer step): the view waits
+    engine.policy_version += 1  # what a publish does
     after = engine.generate([prompt], sample)[0].trace
-    changed = [i for i, (a, b) in enumerate(zip(synced, engine._synced)) if a != b]
-    assert changed and all("lora_B" in _name_of(model, src[i]) for i in changed)  # the base was not touched
+    assert all(torch.equal(a, d) for a, d in zip(base_copies, [d for s, d in zip(src, dst) if not s.requires_grad]))
+    assert all(torch.equal(d, s.to(d.dtype)) for s, d in zip(src, dst) if s.requires_grad)
+    with torch.no_grad():
+        q_proj.copy_(q_start)  # back, bit for bit, before the comparisons below
     item = SAWItem(tuple(prompt), after.completion_ids, 1.0, temperature=1.0)
     with torch.no_grad():
         logp, _ = score_actions(model, collate([item], tok.pad_token_id))
@@ -262,12 +271,11 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     off = TransformersEngine(model, tok, cast_adapters=False)
     ref = off.generate([prompt], sample)[0].trace
     assert max(abs(a - b) for a, b in zip(ref.logprobs, logp.tolist())) < 0.05
-    with torch.no_grad():  # a full-weight push changes a base weight in place: the view follows
-        model.get_submodule("base_model.model.model.layers.0.self_attn.q_proj").base_layer.weight.mul_(3.0)
+    with torch.no_grad():  # a full-weight load changes a base weight in place: weights_changed(), and the view follows
+        q_proj.mul_(3.0)
         logp3, _ = score_actions(model, collate([item], tok.pad_token_id))
-    forced = TransformersEngine(model, tok)
-    forced._decoder, forced._synced = engine._decoder, engine._synced  # the same view, synced before the push
-    again = forced.generate([prompt], [SamplingParams(temperature=1.0, max_tokens=len(item.completion_ids), seed=1)])
+    engine.weights_changed()
+    again = engine.generate([prompt], [SamplingParams(temperature=1.0, max_tokens=len(item.completion_ids), seed=1)])
     fresh = TransformersEngine(model, tok).generate([prompt], [SamplingParams(temperature=1.0, max_tokens=6, seed=1)])
     assert again[0].trace.completion_ids == fresh[0].trace.completion_ids
     assert again[0].trace.logprobs == fresh[0].trace.logprobs
@@ -276,25 +284,23 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
 
 def test_decode_view_follows_a_fused_optimizer_step(tiny_model_dir):
     """The trainer's fused AdamW changes the adapters in place without bumping their version
-    counters: the decode view must still sample the stepped adapters (a resumed run once differed
-    from an uninterrupted one because the view kept the first step's adapters)."""
+    counters (a resumed run once differed from an uninterrupted one because the view kept the first
+    step's adapters): the view follows the trainer's own count of steps (``models.weights_step``),
+    also when no publisher bumps the engine's policy version."""
+    from ludic.training.algorithms import make_sft
     from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.trainer import Trainer, TrainerConfig
 
     model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
     engine = TransformersEngine(model, tok)
     engine.generate([list(range(5, 17))], [SamplingParams(temperature=1.0, max_tokens=2, seed=1)])
-    trained = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(trained, lr=0.1, fused=True)
-    for p in trained:
-        p.grad = torch.ones_like(p)
-    opt.step()
+    trainer = Trainer(model, make_sft(), None, TrainerConfig(lr=0.1), pad_token_id=tok.pad_token_id)
+    assert trainer.optimizer.defaults.get("fused")
+    trainer.optimize([SAWItem(tuple(range(5, 17)), (40, 41, 42), 1.0)])
     engine.generate([list(range(5, 17))], [SamplingParams(temperature=1.0, max_tokens=2, seed=1)])
-    _, src, dst = engine._decoder
+    _, _, src, dst = engine._decoder
+    assert engine.policy_version == 0
     assert all(torch.equal(d, s.to(d.dtype)) for s, d in zip(src, dst))
-
-
-def _name_of(model, tensor):
-    return next(n for n, p in model.named_parameters() if p is tensor)
 
 
 def test_fused_lora_decode_matches_peft_in_fp32(tiny_model_dir):

@@ -80,13 +80,35 @@ def test_cli_help_and_unknown_command():
     assert bad.returncode == 2 and "commands:" in bad.stdout
 
 
-def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch, fast_path):
+    """The whole recipe, with Ludic's fast path on and off (stock transformers, peft and SDPA: none of
+    the hand-written pieces is called)."""
+    import ludic.training.batching as batching
+    from ludic.inference.decode import StaticDecoder
     from ludic.recipes.tictactoe_recipe import RecipeConfig, recipe
 
+    calls = {"flat pass": 0, "static decode": 0, "token logp": 0}
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(batching, "packed_states", counted("flat pass", batching.packed_states))
+    monkeypatch.setattr(StaticDecoder, "step", counted("static decode", StaticDecoder.step))
+    monkeypatch.setattr(batching._TokenLogp, "apply", counted("token logp", batching._TokenLogp.apply))
     run = tmp_path / "recipe"
     report = recipe(RecipeConfig(model=str(tiny_model_dir), run_dir=str(run), budget_minutes=0, sft_steps=4,
                                  sft_batch_size=4, curve_points=2, rl_rounds=2, rl_steps_per_round=1,
-                                 positions_per_step=3, group_size=2, logger="none"))
+                                 positions_per_step=3, group_size=2, logger="none", fast_path=fast_path))
+    if fast_path:
+        assert all(calls.values()), calls
+        assert report["precision"]["fast_path"] == "on"
+    else:
+        assert not any(calls.values()), calls
+        assert report["precision"]["fast_path"] == "off (--no-fast-path)"
     assert set(report["results"]) == {"base", "sft", "rl"}
     for stage in report["results"].values():
         assert set(stage) == {"minimax", "random", "teacher_positions"}
@@ -108,7 +130,8 @@ def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path):
                  "decisions_sft_minimax.jsonl", "rl/final/adapter_config.json", "sft/final/config.json"):
         assert (run / name).exists(), name
     text = (run / "report.md").read_text()
-    assert "| rl |" in text and "| **total** |" in text and "teacher positions" in text
+    assert f"| rl, kept (batch {kept}) |" in text and "| **total** |" in text and "teacher positions" in text
+    assert "selected on that same exact evaluation" in text and "Compute dtype" in text
     # the report's evaluation command reproduces its numbers (same prompts, same parser)
     import shlex
     from ludic.config import parse_config

@@ -106,9 +106,24 @@ def dataclass_from_args(cls: type[T], ns: argparse.Namespace) -> T:
 
 
 def parse_config(cls: type[T], argv: list[str] | None = None, prog: str | None = None) -> T:
+    """Parse ``argv`` into ``cls``. A command's ``--no-fast-path`` (a ``fast_path`` field, in the config
+    or a section) turns Ludic's hand-written fast path off for the whole process (``ludic.fastpath``)."""
     parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip().split("\n")[0])
     add_dataclass_args(parser, cls)
-    return dataclass_from_args(cls, parser.parse_args(argv))
+    cfg = dataclass_from_args(cls, parser.parse_args(argv))
+    if not _fast_path(cfg):
+        from ludic import fastpath
+
+        fastpath.set_off()
+    return cfg
+
+
+def _fast_path(cfg: Any) -> bool:
+    """False when ``cfg`` or one of its sections sets ``fast_path=False``."""
+    if getattr(cfg, "fast_path", True) is False:
+        return False
+    return all(_fast_path(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)
+               if dataclasses.is_dataclass(getattr(cfg, f.name)))
 
 
 def dump_config(cfg: Any, path: str | Path) -> None:

@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from ludic import fastpath
 from ludic.architectures import llama_like, rotary
 
 PACK_ROWS = 16
@@ -54,7 +55,7 @@ def pack(weight: torch.Tensor) -> torch.Tensor | None:
     weight on every call: 16 rows x SmolLM2's linears streamed weights at 7-9 GB/s on this 2-core
     machine, 15-20 GB/s prepacked (bf16 bit for bit; fp32 to rounding). The packed tensor is a
     snapshot: repack after the weight changes."""
-    if weight.device.type != "cpu" or weight.dtype not in (torch.bfloat16, torch.float32):
+    if not fastpath.enabled(weight.device) or weight.dtype not in (torch.bfloat16, torch.float32):
         return None
     if weight.dtype not in _PACKING:
         _PACKING[weight.dtype] = _probe(weight.dtype)
@@ -96,11 +97,9 @@ class StaticDecoder:
         self.body = base.get_decoder()
         self.head = base.get_output_embeddings()
         # a frozen head (LoRA: peft freezes it) is packed once; the engine rebuilds the decoder after
-        # swap_weights, and a head that trains is never packed (a fused optimizer step changes it in
-        # place without a version bump)
+        # weights_changed / swap_weights, and a head that trains is never packed (it changes every step)
         w = self.head.weight
         self.head_packed = None if w.requires_grad or getattr(self.head, "bias", None) is not None else pack(w)
-        self._head_version = w._version
         self.layers = list(self.body.layers[: self.config.num_hidden_layers])
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
@@ -201,8 +200,6 @@ class StaticDecoder:
             x = x + layer.mlp(norm2(x))
         self.slot = t + 1
         x = self.body.norm(x)
-        if self.head_packed is not None and self.head.weight._version != self._head_version:
-            self.head_packed, self._head_version = pack(self.head.weight), self.head.weight._version
         if self.head_packed is None:
             return self.head(x).float()
         return linear(x, self.head.weight, None, self.head_packed).float()
@@ -319,9 +316,9 @@ class _FusedLoraGroup(torch.nn.Module):
     block-diagonal B. Three matmuls where peft runs three per linear, plus its casts, dropout call,
     scaling multiply and add. The first member called with an input computes every member's output;
     the others take their columns. ``weight``, ``lora_a`` and ``lora_b`` hold copies in the decode
-    dtype, which ``cast_adapter_view`` lists for refreshing; the packed weight follows ``weight``'s
-    version counter (a refresh of the base copies it; the adapters live apart, so a training step
-    repacks nothing)."""
+    dtype, which ``cast_adapter_view`` lists for refreshing; ``repack`` packs ``weight`` again after
+    the engine copied new base weights in (the adapters live apart, so a training step repacks
+    nothing)."""
 
     def __init__(self, bases: list[torch.nn.Linear], a: list[torch.Tensor], b: list[torch.Tensor],
                  scale: float, dtype: Any) -> None:
@@ -345,8 +342,7 @@ class _FusedLoraGroup(torch.nn.Module):
         self.lora_a = torch.nn.Parameter(lora_a, requires_grad=False)
         self.lora_b = torch.nn.Parameter(lora_b, requires_grad=False)
         self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
-        self.packed: torch.Tensor | None = None
-        self._packed_version = -1
+        self.packed: torch.Tensor | None = pack(self.weight)
         self._x: torch.Tensor | None = None
         self._y: torch.Tensor | None = None
         self._left = 0
@@ -362,8 +358,6 @@ class _FusedLoraGroup(torch.nn.Module):
 
     def output(self, x: torch.Tensor, i: int) -> torch.Tensor:
         if x is not self._x:
-            if self.weight._version != self._packed_version:  # built, or the base copies were refreshed
-                self.packed, self._packed_version = pack(self.weight), self.weight._version
             # 2-D input: on a strided 3-D input torch's linear expands the weight per row into a bmm
             x2 = x.reshape(-1, x.shape[-1])
             h = linear(x2, self.weight, self.bias, self.packed)
@@ -464,6 +458,14 @@ def cast_adapter_view(model: Any) -> tuple[Any, list[Any], list[Any]] | None:
         src.append(p)
         dst.append(q)
     return view, src, dst
+
+
+def repack(view: Any) -> None:
+    """Pack the base weights of every ``_FusedLoraGroup`` in ``view`` again (after new base weights
+    were copied in: the packed tensors are snapshots)."""
+    for module in view.modules():
+        if isinstance(module, _FusedLoraGroup):
+            module.packed = pack(module.weight)
 
 
 def _layer_kv(past: Any, i: int) -> tuple[torch.Tensor, torch.Tensor]:

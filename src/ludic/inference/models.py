@@ -110,8 +110,14 @@ def resolve_model(name: "str | os.PathLike[str] | None") -> str:
     return str(Path(name).expanduser()) if name.startswith("~") else name
 
 
+ISA_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+"""Environment variables that hold torch's, oneDNN's and MKL's kernels below what the CPU has (how an
+AVX2 machine is emulated on a newer one)."""
+
+
 def cpu_has_fast_bf16() -> bool:
-    """True when the CPU has native bf16 matmuls (AVX512-BF16 or AMX).
+    """True when the CPU has native bf16 matmuls (AVX512-BF16 or AMX) and no ``ISA_LIMITS`` variable
+    holds the kernels below them (an AVX2 limit: the bf16 matmuls then run emulated).
 
     Measured on an AVX2-only EPYC: a 2048^2 bf16 matmul ran at 0.35 GFLOP/s
     against 67 GFLOP/s in fp32, so without these flags bf16 is ~200x slower.
@@ -120,7 +126,13 @@ def cpu_has_fast_bf16() -> bool:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    if not ("avx512_bf16" in flags or "amx_bf16" in flags):
+        return False
+    limits = {k: os.environ.get(k, "").strip().lower() for k in ISA_LIMITS}
+    if limits["ATEN_CPU_CAPABILITY"] in ("default", "avx2") or limits["MKL_ENABLE_INSTRUCTIONS"] in ("sse4_2", "avx", "avx2"):
+        return False
+    isa = limits["ONEDNN_MAX_CPU_ISA"]
+    return not isa or isa.startswith(("avx512_core_bf16", "avx512_core_fp16", "avx512_core_amx", "avx10", "all"))
 
 
 def auto_dtype(device: str = "cpu") -> str:
@@ -179,11 +191,14 @@ def cpu_bf16_attention(module: Any, query: Any, key: Any, value: Any, attention_
       quarter of its step.
     fp32 scores and softmax, one bf16 rounding of the output: the sampler (decode) and the trainer
     (prefill-style scoring) compute attention the same way. Other dtypes, devices and attention
-    variants (softcap, sinks, position bias) run transformers' sdpa unchanged."""
+    variants (softcap, sinks, position bias), and the fast path off (``ludic.fastpath``), run
+    transformers' sdpa unchanged."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    plain = (query.dtype != torch.bfloat16 or query.device.type != "cpu"
+    from ludic import fastpath
+
+    plain = (query.dtype != torch.bfloat16 or not fastpath.enabled(query.device)
              or any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks", "position_bias", "cache")))
     if plain:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
@@ -267,6 +282,22 @@ def make_tiny_model(out: Path, *, seed: int = 0, hidden: int = 64, layers: int =
 def is_peft(model: Any) -> bool:
     """True for a peft-wrapped model (LoRA): it has adapters and a base model."""
     return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def weights_step(model: Any) -> int:
+    """How many optimizer steps changed ``model``'s weights in this process (``mark_trained``): an
+    explicit counter, read by ``TransformersEngine`` to refresh its decode view. Tensor version
+    counters cannot serve: a fused AdamW step changes a tensor in place without bumping its own."""
+    base = unwrap(model)
+    base = base.get_base_model() if is_peft(base) else base
+    return int(getattr(base, "_ludic_weights_step", 0))
+
+
+def mark_trained(model: Any) -> None:
+    """Count one optimizer step on ``model`` (``Trainer`` calls it after each step; see ``weights_step``)."""
+    base = unwrap(model)
+    base = base.get_base_model() if is_peft(base) else base
+    object.__setattr__(base, "_ludic_weights_step", weights_step(base) + 1)
 
 
 def unwrap(model: Any) -> Any:

@@ -567,6 +567,8 @@ class InProcessPublisher:
         shared = target is model or (is_peft(model) and target is model.get_base_model())
         if target is not None and not shared:
             target.load_state_dict(model.state_dict() if not isinstance(model, Mapping) else model)
+            if hasattr(eng, "weights_changed"):  # frozen weights changed too: the decode view copies all
+                eng.weights_changed()
         eng.policy_version = version
         return {"version": version, "kind": "shared" if shared else "copy",
                 "total_s": time.perf_counter() - t0}

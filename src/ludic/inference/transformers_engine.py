@@ -13,7 +13,14 @@ batching across episodes is what makes CPU rollouts practical.
 
 The engine holds a reference to the trainer's model (no copy): after an
 optimizer step, bump ``policy_version`` and the next tokens come from the new
-weights. Every sampled token is tagged with the version that produced it.
+weights. Every sampled token is tagged with the version that produced it. A bf16
+model trained with fp32 master weights (``training.precision``) is sampled in bf16:
+the trainer rounds its masters into the model's parameters after every step. The
+LoRA decode view (the fast path) holds bf16 copies of the fp32 adapters, refreshed
+when the policy moved: a new ``policy_version``, or a trainer step on the model
+(``models.weights_step``), never by tensor version counters (a fused AdamW step
+changes a tensor in place without bumping its counter). Code that changes weights
+otherwise (loading a checkpoint or a kept adapter) calls ``weights_changed()``.
 
 Sampling is per request: temperature (0 = greedy), top-k, top-p, max tokens,
 stop strings and a seed (inverse-CDF draws from a per-request generator, so a
@@ -35,7 +42,9 @@ import torch
 
 from ludic.tokenization import MIN_SHARED_PREFIX, common_prefix_len, render_ids
 from ludic.inference.client import ChatRequest, ChatResponse, SamplingParams
-from ludic.inference.decode import StaticDecoder, cast_adapter_view
+from ludic import fastpath
+from ludic.inference.decode import StaticDecoder, cast_adapter_view, repack
+from ludic.inference.models import weights_step
 from ludic.types import FinishReason, TokenTrace
 
 
@@ -58,17 +67,19 @@ class TransformersEngine:
             LoRA linears that read one input (q, k, v; gate, up) become one matmul over their base
             weights, prepacked for oneDNN, one small matmul with their ``A`` and one ``addmm`` with
             their block-diagonal ``B`` (peft: three matmuls per linear, plus casts of every layer's
-            input to the fp32 adapters and back), in the base weights' dtype. Before every batch the
-            view copies in the trained adapters, and the base weights when they changed (a
-            full-weight push: a version bump, or ``swap_weights``), then repacks those. Every other
-            tensor is shared with the model; the adapted linears' base weights are copied once
-            (about 200 MB for SmolLM2-135M in bf16 with LoRA on every linear, and as much again
-            packed). Nothing to do when the model has no adapters.
+            input to the fp32 adapters and back), in the base weights' dtype. Before a batch the
+            view copies in the trainable tensors (the adapters) when ``policy_version`` or the
+            model's trainer steps (``models.weights_step``) moved since its last copy, and every
+            tensor, repacking the base weights, after ``weights_changed()`` or ``swap_weights`` (a
+            full-weight load). Every other tensor is shared with the model;
+            the adapted linears' base weights are copied once (about 200 MB for SmolLM2-135M in bf16
+            with LoRA on every linear, and as much again packed). Nothing to do when the model has
+            no adapters. Part of the fast path (``ludic.fastpath``): off, the model decodes itself.
         threaded: generate on a worker thread instead of the event loop's thread (see above).
         static_decode: decode Llama-family models with ``decode.StaticDecoder`` (a preallocated fp32
             key/value cache written in place, one grouped attention matmul per layer) instead of the
-            model's forward with transformers' dynamic cache; other architectures always use the
-            forward.
+            model's forward with transformers' dynamic cache; other architectures, and the fast path
+            off (``ludic.fastpath``), always use the forward.
     """
 
     def __init__(
@@ -88,8 +99,8 @@ class TransformersEngine:
         self._static: tuple[Any, StaticDecoder | None] | None = None  # (decode module, its decoder)
         self.cast_adapters = cast_adapters
         self.threaded = threaded
-        self._decoder: tuple[Any, list[torch.Tensor], list[torch.Tensor]] | None = None
-        self._synced: list[int] | None = None  # source versions at the view's last refresh
+        self._decoder: tuple[Any, Any, list[torch.Tensor], list[torch.Tensor]] | None = None  # (of, view, src, dst)
+        self._synced: tuple[int, int] | None = None  # (policy version, trainer steps) at the view's last copy
         self._tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
@@ -165,9 +176,16 @@ class TransformersEngine:
         assert self._gen_lock is not None
         async with self._gen_lock:
             await self._call(load)
-            self._synced = None  # ``load`` may swap tensors' data without bumping versions: copy all
-            self._static = None  # and rebuild the static decoder (its packed LM head is a snapshot)
+            self.weights_changed()
             self.policy_version = version
+
+    def weights_changed(self) -> None:
+        """Every weight of the model may have changed (a full-weight load, a checkpoint or a kept
+        adapter loaded without a new ``policy_version``): the next batch copies all of them into the
+        decode view, repacks its weights and rebuilds the static decoder (its packed LM head is a
+        snapshot). A version bump alone refreshes only the trainable tensors."""
+        self._synced = None
+        self._static = None
 
     # -- batched generation -------------------------------------------------
     @torch.no_grad()
@@ -190,27 +208,29 @@ class TransformersEngine:
         return out
 
     def _decode_model(self) -> Any:
-        """The module to decode with: the model, or its cast-adapter view refreshed (``cast_adapters``)."""
-        if not self.cast_adapters:
+        """The module to decode with: the model, or its LoRA decode view (``cast_adapters`` and the
+        fast path on), refreshed as the class docstring says."""
+        if not self.cast_adapters or not fastpath.enabled(self.device):
             return self.model
-        if self._decoder is None:
-            self._decoder = cast_adapter_view(self.model) or (self.model, [], [])
+        if self._decoder is None or self._decoder[0] is not self.model:
+            self._decoder = (self.model, *(cast_adapter_view(self.model) or (self.model, [], [])))
             self._synced = None
-        view, src, dst = self._decoder
-        # Trained tensors are copied every batch: a fused optimizer step changes them in place without
-        # bumping their version counters. Frozen ones (the base) only when their version moved
-        # (copy_, load_state_dict) or after swap_weights.
-        versions = [t._version for t in src]
-        stale = [i for i, v in enumerate(versions)
-                 if src[i].requires_grad or self._synced is None or v != self._synced[i]]
-        if stale:  # the trained adapters (and changed base weights), cast to the base dtype
-            torch._foreach_copy_([dst[i] for i in stale], [src[i] for i in stale])
-        self._synced = versions
+        _, view, src, dst = self._decoder
+        now = (self.policy_version, weights_step(self.model))
+        if self._synced is None:  # everything, cast to the base dtype, and the base weights repacked
+            if src:
+                torch._foreach_copy_(dst, src)
+            repack(view)
+        elif self._synced != now:  # a new policy: the trained tensors (the adapters)
+            stale = [i for i, t in enumerate(src) if t.requires_grad]
+            if stale:
+                torch._foreach_copy_([dst[i] for i in stale], [src[i] for i in stale])
+        self._synced = now
         return view
 
     def _static_decoder(self, model: Any) -> StaticDecoder | None:
         """The ``StaticDecoder`` of the decode module ``model`` (built once per module), or None."""
-        if not self.static_decode:
+        if not self.static_decode or not fastpath.enabled(self.device):
             return None
         if self._static is None or self._static[0] is not model:
             self._static = (model, StaticDecoder.build(model))

@@ -49,10 +49,12 @@ class RecipeConfig:
     budget_minutes: float = 27.0
     """Wall-time budget of the whole recipe, evaluations included: SFT and RL steps are set
     from the step times measured in this run (0: use --sft-steps / --rl-rounds as given)."""
-    sft_epochs: float = 9.0
+    sft_epochs: float = 15.0
     """SFT length, in passes over the teacher positions (with a budget: capped by ``sft_share``).
     Measured on the AVX2 fp32 target (exact minimax non-loss, SFT -> RL): 8 epochs 28.6% -> 94.3%,
-    9 epochs 70.6% -> 99.2%, 10 epochs 95.7% -> 99.2%; 9 leaves RL the room to matter."""
+    9 epochs 70.6% -> 99.2%, 10 epochs 95.7% -> 99.2%. bf16 with fp32 master weights (an AVX512-BF16
+    CPU: 0.79 s a step against 1.36 in fp32) trails fp32 per step and leads per minute: best move on
+    the 335 positions 84.2% after 9 epochs (fp32 93.4%), 100% after 13.7 of 15 (``benchmarks/bench_precision``)."""
     sft_share: float = 0.4
     """Most of the budget left after the base evaluation that SFT may take (fewer epochs when
     ``sft_epochs`` would not fit); RL and the evaluations get the rest."""
@@ -77,8 +79,10 @@ class RecipeConfig:
     curve_points: int = 4
     """Per-position accuracy measurements during SFT (each answers the 335 teacher positions)."""
     rl_rounds: int = 0
-    """RL rounds (0: as many as the budget allows, at most max_rl_rounds)."""
-    max_rl_rounds: int = 12
+    """RL rounds (0: as many as the budget allows, at most max_rl_rounds; they stop early only when
+    the goal is met: no losing decision against minimax and every teacher position value-preserving)."""
+    max_rl_rounds: int = 0
+    """Most RL rounds when rl_rounds is 0 (0: no cap but the budget; without a budget, 12)."""
     rl_steps_per_round: int = 4
     """GRPO steps between two exact evaluations (which refresh the failure pool)."""
     positions_per_step: int = 16
@@ -92,15 +96,20 @@ class RecipeConfig:
     micro_token_budget: int = 4096
     logger: str = "rich"
     dtype: str = "auto"
+    fast_path: bool = True
+    """Ludic's hand-written CPU fast path (``ludic.fastpath``); --no-fast-path: stock transformers, peft, SDPA."""
     seed: int = 0
 
 
 def recipe(cfg: RecipeConfig) -> dict[str, Any]:
-    if cfg.ctx != "last":
-        from ludic.recipes.tictactoe_seed_recipe import SeedRecipeConfig, seed_recipe
+    from ludic import fastpath
 
-        return seed_recipe(SeedRecipeConfig.from_recipe(cfg))
-    return asyncio.run(_recipe(cfg))
+    with fastpath.scoped(cfg.fast_path):
+        if cfg.ctx != "last":
+            from ludic.recipes.tictactoe_seed_recipe import SeedRecipeConfig, seed_recipe
+
+            return seed_recipe(SeedRecipeConfig.from_recipe(cfg))
+        return asyncio.run(_recipe(cfg))
 
 
 class Clock:
@@ -235,13 +244,17 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
                                                     micro_token_budget=cfg.micro_token_budget))
     rl_logger = make_logger(cfg.logger, rl_dir, asdict(rl_cfg), total_steps=None)
     rl = PositionGRPO(model, tok, engine, view, rl_cfg, rl_dir, logger=rl_logger)
-    rounds = cfg.rl_rounds or cfg.max_rl_rounds
+    rounds = cfg.rl_rounds or cfg.max_rl_rounds or (10**9 if cfg.budget_minutes else 12)
     final_eval_s = clock.seconds["eval_sft"]  # what the closing full evaluation will take, about
     focus, pool, round_s = sft_eval.focus, sft_eval.pool, 0.0
     best = (sft_eval.score(), 0, trainable_state(model))  # (score, RL batches, adapter) of the best round
+    last_round: dict[str, Any] = {}  # the last round's evaluation (minimax and teacher positions)
+    stopped = "rounds" if cfg.rl_rounds or cfg.max_rl_rounds or not cfg.budget_minutes else "budget"
     for r in range(rounds):
         if not focus and not pool:
-            print(f"[recipe] RL round {r + 1}: no wrong decision left", flush=True)
+            stopped = "goal"
+            print(f"[recipe] RL round {r + 1}: goal met, stopping with {clock.left() / 60:.1f} min of the budget "
+                  "left: no losing decision against minimax and every teacher position value-preserving", flush=True)
             break
         if cfg.budget_minutes and not cfg.rl_rounds and r and clock.left() < round_s + final_eval_s:
             break  # one more round and the closing evaluation would not fit
@@ -251,10 +264,14 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         # between rounds: the teacher positions and minimax only (the failures that lose games)
         round_eval = await ev.evaluate("rl", rl.steps, opponents=("minimax",))
         clock.add("eval_rl", time.perf_counter() - t_eval)
+        last_round = {"step": rl.steps, **round_eval.metrics}
         if round_eval.score() > best[0]:
             best = (round_eval.score(), rl.steps, trainable_state(model))
         focus = round_eval.focus
-        pool = list(dict.fromkeys(round_eval.pool + [b for b in pool if b not in set(round_eval.focus)]))
+        # perfect on what this round measured: nothing left to train (the goal; the pool keeps old
+        # mistakes as replay otherwise)
+        pool = [] if not focus and not round_eval.pool else list(
+            dict.fromkeys(round_eval.pool + [b for b in pool if b not in set(round_eval.focus)]))
         round_s = time.perf_counter() - t0
         print(f"[recipe] RL round {r + 1}: {len(focus)} wrong vs minimax + {len(pool)} others left, "
               f"{round_s:.0f} s, {clock.left() / 60:.1f} min left", flush=True)
@@ -262,6 +279,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     kept = best[1]
     if kept != rl.steps:  # a later round lost ground: keep the best round's adapter
         load_trainable_state(model, best[2])
+        engine.weights_changed()  # the decode view copies the kept adapter in before the next batch
         print(f"[recipe] RL: keeping the adapter after batch {kept} (the best exact evaluation)", flush=True)
     model.save_pretrained(rl_dir / "final")
     clock.add("rl", time.perf_counter() - t_rl - clock.seconds.get("eval_rl", 0.0))
@@ -271,7 +289,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
 
     report = {"results": ev.stage_results, "seconds": clock.seconds, "total_seconds": clock.elapsed(),
               "budget_seconds": clock.budget_s, "sft_steps": step, "sft_epochs": step * cfg.sft_batch_size / len(items),
-              "rl_steps": rl.steps, "rl_kept_step": kept, "sft_records": len(items), "prompt_tokens": prompt_tokens,
+              "rl_steps": rl.steps, "rl_kept_step": kept, "rl_last_round": last_round, "rl_stopped": stopped,
+              "precision": precision(model, cfg), "sft_records": len(items), "prompt_tokens": prompt_tokens,
               "answer_tokens": answer_tokens, "curve": ev.curve, "machine": machine(), "config": asdict(cfg)}
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     write_report(run_dir, report)
@@ -299,6 +318,18 @@ class StageEval:
 def trainable_state(model: Any) -> dict[str, Any]:
     """A copy of the trainable parameters (the RL adapter): a checkpoint in memory."""
     return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def precision(model: Any, cfg: RecipeConfig) -> dict[str, str]:
+    """The compute dtype ``--dtype`` resolved to, how each stage kept its weights, and the fast path."""
+    from ludic import fastpath
+
+    dtype = str(next(p for n, p in model.named_parameters() if "lora_" not in n).dtype).replace("torch.", "")
+    low = dtype != "float32"
+    return {"dtype": dtype, "requested": cfg.dtype,
+            "sft": f"{dtype} compute, fp32 master weights and AdamW state" if low else "float32",
+            "rl": f"{dtype} compute, fp32 LoRA adapters and AdamW state" if low else "float32",
+            "evaluated_in": dtype, "fast_path": fastpath.describe()}
 
 
 def load_trainable_state(model: Any, state: dict[str, Any]) -> None:
@@ -412,6 +443,13 @@ def _metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def _precision_text(p: dict[str, str] | None, requested: str) -> str:
+    if not p:
+        return f"dtype {requested}."
+    return (f"Compute dtype {p['dtype']} (--dtype {p['requested']}); SFT: {p['sft']}; RL: {p['rl']}; every "
+            f"evaluation in {p['evaluated_in']}, the dtype the policy is served in; fast path {p['fast_path']}.")
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
@@ -421,12 +459,19 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
     rows = ["| stage | vs minimax: non-loss X | O | mean | vs random: non-loss | win | loss | illegal or unparsable "
             "| teacher positions: best move | value-preserving | legal |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for stage, r in report["results"].items():
-        mm, rd, tp = r["minimax"], r["random"], r["teacher_positions"]
-        forfeits = mm["illegal_rate"] + mm["parse_error_rate"] + rd["illegal_rate"] + rd["parse_error_rate"]
+    stages = [(s, r) for s, r in report["results"].items()]
+    last = report.get("rl_last_round") or {}
+    if last and last.get("step") != report.get("rl_kept_step"):  # the final round, when another was kept
+        stages.append((f"rl, last round (batch {last['step']})", last))
+    for stage, r in stages:
+        if stage == "rl":
+            stage = f"rl, kept (batch {report.get('rl_kept_step', '?')})"
+        mm, rd, tp = r["minimax"], r.get("random"), r["teacher_positions"]
+        forfeits = (mm["illegal_rate"] + mm["parse_error_rate"] + rd["illegal_rate"] + rd["parse_error_rate"]) / 2 \
+            if rd else mm["illegal_rate"] + mm["parse_error_rate"]
         rows.append(f"| {stage} | {_pct(mm['x/non_loss_rate'])} | {_pct(mm['o/non_loss_rate'])} | "
-                    f"{_pct(mm['non_loss_rate'])} | {_pct(rd['non_loss_rate'])} | {_pct(rd['win_rate'])} | "
-                    f"{_pct(rd['loss_rate'])} | {_pct(forfeits / 2)} | {_pct(tp['best_move_rate'])} | "
+                    f"{_pct(mm['non_loss_rate'])} | {_pct(rd and rd['non_loss_rate'])} | {_pct(rd and rd['win_rate'])} | "
+                    f"{_pct(rd and rd['loss_rate'])} | {_pct(forfeits)} | {_pct(tp['best_move_rate'])} | "
                     f"{_pct(tp['value_preserving_rate'])} | {_pct(tp['legal_rate'])} |")
     times = "\n".join(f"| {k} | {v / 60:.2f} min |" for k, v in report["seconds"].items())
     m = report["machine"]
@@ -442,13 +487,21 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
         f"SFT: {report['sft_steps']} steps ({report['sft_epochs']:.1f} epochs) on {report['sft_records']} positions, "
         f"{report['prompt_tokens']:.0f} prompt + {report['answer_tokens']:.0f} answer tokens each. "
         f"RL: {report['rl_steps']} position-level GRPO batches in rounds, each round evaluated exactly against "
-        f"minimax; the adapter of the best round is kept (here after batch {report['rl_kept_step']}; 0 is the SFT "
-        "policy itself).\n\n"
+        f"minimax and on the teacher positions; the adapter of the best round is kept (here after batch "
+        f"{report['rl_kept_step']}; 0 is the SFT policy itself), selected on that same exact evaluation (minimax "
+        "non-loss first, then value-preserving and legal teacher moves): the kept row is the best of the rounds "
+        "it was chosen from, and the last round's row, when another was kept, shows where RL ended. "
+        + {"goal": "RL stopped early because the goal was met: no losing decision against minimax and every "
+                   "teacher position value-preserving.",
+           "budget": "RL ran until the budget had no room for another round and the closing evaluation.",
+           "rounds": "RL ran the rounds it was given."}.get(report.get("rl_stopped", ""), "")
+        + "\n\n"
         f"Evaluate the result again (or against random) with:\n\n```\n{eval_command(run_dir, report['config'])}\n```\n\n"
         f"Machine: {m['cpus']} CPUs ({', '.join(m['isa']) or 'no AVX2'}), {m['torch_threads']} torch threads, "
         f"torch {m['torch']} ({m.get('kernels', '?')} kernels"
         + (f"; limited by {', '.join(f'{k}={v}' for k, v in m['isa_limits'].items())}" if m.get("isa_limits") else "")
-        + f"), dtype {report['config']['dtype']}.\n\n![learning curves](learning_curves.png)\n"
+        + f"). {_precision_text(report.get('precision'), report['config']['dtype'])}\n\n"
+        "![learning curves](learning_curves.png)\n"
     )
     (run_dir / "report.md").write_text(text)
     try:

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from ludic import fastpath
 from ludic.tokenization import MIN_SHARED_PREFIX, common_prefix_len
 from ludic.training.packed import TreeCost, packable, packed_states, tree_cost
 from ludic.types import SAWItem
@@ -555,7 +556,9 @@ class _TokenLogp(torch.autograd.Function):
 def _logp_entropy(
     logits: Tensor, targets: Tensor, need_entropy: bool, temperature: Tensor | None = None
 ) -> tuple[Tensor, Tensor | None]:
-    if not need_entropy:
+    """Log-probs (and entropies) of ``targets`` under ``logits / T``: ``_TokenLogp`` on the fast path,
+    else autograd's ``log_softmax`` and ``gather`` (the stock path, and always with entropies)."""
+    if not need_entropy and fastpath.enabled(logits.device):
         return _TokenLogp.apply(logits, targets, temperature), None
     logits = logits.float()
     if temperature is not None:

@@ -54,6 +54,11 @@ class TrainerConfig:
     is pure low-precision training: AdamW updates the bf16 weights in place and every update under half
     a bf16 ulp (about 0.4% of a weight) is lost; measured on the tic-tac-toe recipe's SFT, 55.8% best
     move against 91.3% in fp32. No effect on fp32 parameters (LoRA adapters are fp32)."""
+    fast_path: bool = True
+    """Ludic's hand-written CPU fast path (``ludic.fastpath``: the flat scoring pass, fused LoRA linears,
+    token log-probs with a hand-written backward, the static decoder and LoRA decode view, fp32
+    attention for bf16). --no-fast-path runs stock transformers, peft and SDPA, as LUDIC_FAST_PATH=0
+    does. The fast path runs on CPU only either way."""
     kl_target: float | None = None
     """Adaptive KL controller (PPO): after each batch the loss's ``kl_coef`` is multiplied by
     1 + clip(kl / kl_target - 1, -0.2, 0.2) * items / kl_horizon (Ziegler et al.); None: fixed."""

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ludic import fastpath
 from ludic.inference.decode import plain_lora
 from ludic.inference.models import LOAD_LOCK, load_model, load_tokenizer
 
@@ -134,8 +135,8 @@ class _LoraLinear(torch.autograd.Function):
 def _lora_forward(self: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """A peft LoRA linear's forward through ``_LoraLinear`` where that computes the same thing: one
     active plain adapter (``decode.plain_lora``), no dropout in training, a frozen base, plain (not
-    sharded) tensors, no extra arguments. Otherwise peft's own."""
-    if not (args or kwargs) and _routable(self, x):
+    sharded) tensors, no extra arguments, the fast path on (``ludic.fastpath``). Otherwise peft's own."""
+    if not (args or kwargs) and fastpath.enabled(x.device) and _routable(self, x):
         k = self.active_adapters[0]
         base = self.base_layer
         return _LoraLinear.apply(x, base.weight, base.bias, self.lora_A[k].weight, self.lora_B[k].weight,

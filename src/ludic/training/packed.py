@@ -40,10 +40,11 @@ from ludic.types import SAWItem
 def packable(model: Any) -> bool:
     """Whether ``packed_states`` reproduces ``model``'s forward: a supported family on CPU, not
     sharded (FSDP2's hooks need the model's own forward), with no attention dropout in effect (the
-    flat layout has none)."""
+    flat layout has none), and the fast path on (``ludic.fastpath``)."""
+    from ludic import fastpath
     from ludic.training.fsdp import is_sharded
 
-    if not llama_like(model) or is_sharded(model):
+    if not fastpath.enabled() or not llama_like(model) or is_sharded(model):
         return False
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if is_sharded(base) or next(base.parameters()).device.type != "cpu":

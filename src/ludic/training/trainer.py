@@ -30,7 +30,9 @@ from typing import Any, Awaitable, Callable
 
 import torch
 
+from ludic import fastpath
 from ludic.distributed import is_distributed, is_rank0
+from ludic.inference.models import mark_trained
 from ludic.training.fsdp import full_state_dict, is_sharded
 from ludic.rollouts.batch import BatchSource
 from ludic.training.algorithms import Algorithm
@@ -209,6 +211,10 @@ class Trainer:
         policy version and publish stay put, ``empty_batch`` is logged, and
         ``max_empty_steps`` such batches in a row stop the run with an error.
         """
+        with fastpath.scoped(self.cfg.fast_path):  # the rollouts too, when the source samples in process
+            return await self._train_step()
+
+    async def _train_step(self) -> dict[str, Any]:
         t0 = time.perf_counter()
         if not self.started:
             self.publish_start()
@@ -348,6 +354,10 @@ class Trainer:
 
     def optimize(self, items: list[SAWItem]) -> dict[str, Any]:
         """One optimizer step on ``items`` (synchronous; the LR schedule is stepped by the caller)."""
+        with fastpath.scoped(self.cfg.fast_path):
+            return self._optimize(items)
+
+    def _optimize(self, items: list[SAWItem]) -> dict[str, Any]:
         t0 = time.perf_counter()
         self._check_sampling(items)
         self.model.train()
@@ -380,6 +390,7 @@ class Trainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
             self.optimizer.step()
             self.masters.to_model()
+            mark_trained(self.model)  # an in-process engine's decode view refreshes on it
         elif totals["segments_raw"] > 0:  # fp16: the scaled gradients overflowed; the scale was lowered
             grad_norm = torch.tensor(float("inf"))
             metrics["skipped_overflow"] = 1
