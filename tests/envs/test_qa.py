@@ -79,6 +79,39 @@ def test_calculator_refuses_non_arithmetic():
         calculator("__import__('os')")
 
 
+CALC_ATTACKS = {
+    "9**9**9**9": "operator",  # the power tower: a sampled tool call that would hold the GIL for good
+    "1" * 10_000: "digits",    # a 10,000-digit literal
+    "(10**5)": "operator",
+    "2*" * 60 + "2": "too long",
+}
+
+
+def test_calculator_refuses_powers_and_huge_operands_before_computing():
+    """Each attack is refused with a message naming what is not allowed, before any arithmetic: a
+    child process runs them under a timeout (an ``eval`` of the power tower never returns), and the
+    test asserts on the refusals it reports, not on a time."""
+    import subprocess
+    import sys
+
+    code = ("import json, sys\nfrom ludic.envs.qa import calculator\nout = {}\n"
+            "for e in json.loads(sys.stdin.read()):\n"
+            "    try:\n        out[e] = 'computed ' + calculator(e)[:20]\n"
+            "    except ValueError as x:\n        out[e] = str(x)\n"
+            "print(json.dumps(out))\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], input=json.dumps(list(CALC_ATTACKS)), capture_output=True,
+                              text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the calculator started computing an attack instead of refusing it (killed after 20 s)")
+    got = json.loads(done.stdout)
+    for expr, word in CALC_ATTACKS.items():
+        assert not got[expr].startswith("computed") and word in got[expr], (expr[:30], got[expr])
+    assert calculator("-(3 - 5) * 2.5 / 4") == "1.25" and calculator("12345678 * 87654321") == "1082152022374638"
+    with pytest.raises(ValueError, match="division by zero"):
+        calculator("1/(2-2)")
+
+
 def test_dataset_errors_name_file_and_record(tmp_path):
     bad = tmp_path / "qa.jsonl"
     bad.write_text('{"question": "a", "answer": "1"}\n{"question": "b"}\n')
