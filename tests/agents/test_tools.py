@@ -137,6 +137,18 @@ def test_tool_failures_become_messages_and_the_loop_goes_on(scripted, tokenizer,
     assert r.steps[1].reward == 1.0
 
 
+def test_a_refused_calculator_call_is_a_message_the_model_reads(scripted, tokenizer):
+    """The power tower a sampled call could send is refused before any arithmetic; the model reads why."""
+    from ludic.envs.qa import calculator
+
+    client = scripted([_call("calculator", {"expression": "9**9**9**9"}), "7"], tokenizer)
+    agent = ToolAgent(client, [calculator], parser=make_answer_parser("number"), tool_error_reward=-0.5)
+    r = _run(agent, QAEnv("?", "7", grader="numeric"))
+    assert r.steps[0].next_obs == ("Error: calculator raised ValueError: operator Pow is not allowed: only numbers "
+                                   "and + - * / ( ) are allowed")
+    assert r.steps[0].reward == -0.5 and r.steps[1].reward == 1.0
+
+
 def test_tool_call_limit(scripted, tokenizer):
     client = scripted([_call("add", {"a": 1, "b": 1})] * 3 + ["2"], tokenizer)
     agent = ToolAgent(client, [add], parser=make_answer_parser("number"), max_tool_calls=2)

@@ -83,7 +83,7 @@ CALC_ATTACKS = {
     "9**9**9**9": "operator",  # the power tower: a sampled tool call that would hold the GIL for good
     "1" * 10_000: "digits",    # a 10,000-digit literal
     "(10**5)": "operator",
-    "2*" * 60 + "2": "too long",
+    "2*" * 100 + "2": "too long",
 }
 
 

@@ -20,8 +20,10 @@ Sources (``load_qa_records``):
 
 from __future__ import annotations
 
+import ast
 import functools
 import math
+import operator
 import random
 import re
 from fractions import Fraction
@@ -316,16 +318,64 @@ def arithmetic_problems(split: str = "train", n: int | None = None) -> list[dict
             for i, (q, (a, e)) in enumerate(items)]
 
 
+CALC_MAX_CHARS = 200
+"""Longest expression the calculator reads."""
+CALC_MAX_DIGITS = 30
+"""Most digits in one number, written or computed: a sampled call never starts a big-integer computation."""
+_CALC_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
 def calculator(expression: str) -> str:
     """Evaluate an arithmetic expression with + - * / and parentheses.
 
     Args:
         expression: for example "3*(4+5)".
     """
-    if not re.fullmatch(r"[\d\s+\-*/().]+", expression):
-        raise ValueError(f"only numbers and + - * / ( ) are allowed, got {expression!r}")
-    value = eval(compile(expression, "<calculator>", "eval"), {"__builtins__": {}}, {})  # digits and operators only
+    # A model's tool call is untrusted input: the expression is parsed and checked whole (numbers of at
+    # most CALC_MAX_DIGITS digits, + - * /, unary minus and plus, parentheses) before any arithmetic,
+    # and every intermediate value is bounded too. No eval: ``9**9**9**9`` would hold the GIL for
+    # good, and a tool timeout cannot stop a thread.
+    if re.search(r"\d{%d}" % (CALC_MAX_DIGITS + 1), expression):
+        raise ValueError(f"a number has more than {CALC_MAX_DIGITS} digits")
+    if len(expression) > CALC_MAX_CHARS:
+        raise ValueError(f"expression too long: {len(expression)} characters (at most {CALC_MAX_CHARS})")
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"not an arithmetic expression ({e.msg}): only numbers and + - * / ( ) are allowed") from None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant):
+            if type(node.value) not in (int, float):
+                raise ValueError(f"only numbers and + - * / ( ) are allowed, got {node.value!r}")
+            _check_size(node.value)
+        elif isinstance(node, ast.BinOp) and type(node.op) not in _CALC_OPS or \
+                isinstance(node, ast.UnaryOp) and not isinstance(node.op, (ast.USub, ast.UAdd)):
+            op = type(getattr(node, "op", node)).__name__
+            raise ValueError(f"operator {op} is not allowed: only numbers and + - * / ( ) are allowed")
+        elif not isinstance(node, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop)):
+            raise ValueError(f"only numbers and + - * / ( ) are allowed, got {type(node).__name__}")
+    value = _calc(tree.body)
     return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+
+
+def _check_size(x: int | float) -> None:
+    if not math.isfinite(x) or abs(x) >= 10 ** CALC_MAX_DIGITS:
+        raise ValueError(f"a number has more than {CALC_MAX_DIGITS} digits")
+
+
+def _calc(node: ast.AST) -> int | float:
+    """The value of a checked expression tree, every step bounded (``_check_size``)."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.UnaryOp):
+        x = _calc(node.operand)
+        return -x if isinstance(node.op, ast.USub) else x
+    a, b = _calc(node.left), _calc(node.right)  # type: ignore[attr-defined]
+    if isinstance(node.op, ast.Div) and b == 0:  # type: ignore[attr-defined]
+        raise ValueError("division by zero")
+    out = _CALC_OPS[type(node.op)](a, b)  # type: ignore[attr-defined]
+    _check_size(out)
+    return out
 
 
 __all__ = [
