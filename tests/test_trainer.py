@@ -241,3 +241,26 @@ def test_starting_weights_are_published_before_the_first_rollout(tiny_model_dir,
     asyncio.run(trainer.train(1))
     assert source.seen[0] == expect[:1]  # the first batch was sampled after the starting weights were pushed
     assert pub.pushes == expect and trainer.policy_version == expect[-1][0]
+
+
+def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tiny_model_dir):
+    """A NaN advantage makes the loss and gradients NaN: the optimizer step is skipped (the weights and
+    AdamW state stay as they were), the step is counted, and ``max_nonfinite_steps`` of them in a row
+    stop the run with an error naming the likely causes. A finite step in between resets the count."""
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    good = _sft_items(4)
+    bad = [SAWItem(it.prompt_ids, it.completion_ids, float("nan")) for it in good]
+    trainer = Trainer(model, make_sft(), FixedSource(bad), TrainerConfig(lr=1e-2, max_nonfinite_steps=2),
+                      pad_token_id=tok.pad_token_id)
+    start = _lora_params(model)
+    m = asyncio.run(trainer.train_step())
+    assert m["nonfinite_skipped"] == 1 and m["nonfinite_streak"] == 1 and m["nonfinite_total"] == 1
+    assert all(torch.equal(p, start[n]) for n, p in _lora_params(model).items()), "a NaN step changed weights"
+    assert all(torch.isfinite(p).all() for p in _lora_params(model).values())
+    trainer.source = FixedSource(good)
+    m = asyncio.run(trainer.train_step())
+    assert m.get("nonfinite_skipped", 0) == 0 and m["nonfinite_streak"] == 0 and m["nonfinite_total"] == 1
+    trainer.source = FixedSource(bad)
+    asyncio.run(trainer.train_step())
+    with pytest.raises(RuntimeError, match=r"2 optimizer steps in a row had a non-finite loss or gradient norm"):
+        asyncio.run(trainer.train_step())
