@@ -48,6 +48,10 @@ class TrainerConfig:
     """Checkpoints kept on disk."""
     max_empty_steps: int = 5
     """Stop the run after this many batches in a row with no trainable item on any rank."""
+    max_nonfinite_steps: int = 3
+    """A step whose loss or gradient norm is not finite (NaN or inf: a NaN advantage, a reward that
+    overflowed, a diverging policy) is skipped, weights and optimizer state unchanged, and counted;
+    this many in a row stop the run."""
     master_weights: bool = True
     """Mixed precision for a bf16 / fp16 model (``--dtype``): the optimizer keeps fp32 master weights and
     fp32 AdamW state, gradients sum and clip in fp32, the model computes in its dtype. --no-master-weights

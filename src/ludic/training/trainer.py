@@ -173,6 +173,9 @@ class Trainer:
         self.policy_version = 0
         self.empty_streak = 0
         """Batches in a row that had no trainable item on any rank."""
+        self.nonfinite_streak = 0
+        """Optimizer steps in a row skipped for a non-finite loss or gradient norm."""
+        self.nonfinite_total = 0
         self.started = False
         """Whether the starting weights were published (``publish_start``)."""
         self.device = next(model.parameters()).device
@@ -386,19 +389,27 @@ class Trainer:
             self._idle_forward_backward()  # FSDP's all-gathers / reduce-scatters need every rank
         self._all_reduce_grads()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        grad_norm = torch.tensor(0.0)
         if totals["segments_raw"] > 0 and self.masters.unscale_and_check():  # every rank steps, in lockstep
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.max_grad_norm)
-            self.optimizer.step()
-            self.masters.to_model()
-            mark_trained(self.model)  # an in-process engine's decode view refreshes on it
+            grads = [p.grad for p in params if p.grad is not None]
+            grad_norm = torch.nn.utils.get_total_norm(grads) if grads else grad_norm  # the same on every rank
+            loss = self._sum_over_ranks({"loss": sums.get("loss", 0.0)}).get("loss", 0.0)
+            norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
+            if bool(torch.isfinite(norm)) and math.isfinite(loss):
+                torch.nn.utils.clip_grads_with_norm_(params, self.cfg.max_grad_norm, grad_norm)
+                self.optimizer.step()
+                self.masters.to_model()
+                mark_trained(self.model)  # an in-process engine's decode view refreshes on it
+                self.nonfinite_streak = 0
+            else:
+                self._nonfinite(metrics, loss, float(norm))
         elif totals["segments_raw"] > 0:  # fp16: the scaled gradients overflowed; the scale was lowered
             grad_norm = torch.tensor(float("inf"))
             metrics["skipped_overflow"] = 1
-        else:
-            grad_norm = torch.tensor(0.0)
         if self.masters.scaler is not None:
             metrics["loss_scale"] = self.masters.scaler.scale
         self.optimizer.zero_grad(set_to_none=True)
+        metrics.update(nonfinite_streak=self.nonfinite_streak, nonfinite_total=self.nonfinite_total)
         lr = self.scheduler.get_last_lr()[0]
         dt = time.perf_counter() - t0
         metrics.update(self._sum_over_ranks(sums))
@@ -408,6 +419,20 @@ class Trainer:
             train_tokens_per_s=train_tokens / dt if dt > 0 else 0.0,
         )
         return metrics
+
+    def _nonfinite(self, metrics: dict[str, Any], loss: float, grad_norm: float) -> None:
+        """A non-finite loss or gradient norm: no optimizer step (the caller zeroes the gradients),
+        counted; ``max_nonfinite_steps`` in a row raise."""
+        self.nonfinite_streak += 1
+        self.nonfinite_total += 1
+        metrics["nonfinite_skipped"] = 1
+        if self.nonfinite_streak >= self.cfg.max_nonfinite_steps:
+            raise RuntimeError(
+                f"{self.nonfinite_streak} optimizer steps in a row had a non-finite loss or gradient norm (last: "
+                f"loss {loss}, gradient norm {grad_norm}); the weights are those before them. Likely causes: a "
+                "NaN or infinite reward or advantage (check the env's rewards and rollouts.jsonl), a learning "
+                "rate that made the policy diverge, or fp16 without room in its range. max_nonfinite_steps sets "
+                "the limit.")
 
     def _sum_over_ranks(self, sums: dict[str, float]) -> dict[str, float]:
         """The summed stats (loss terms with whole-batch normalisers) of the global batch: the loss a
