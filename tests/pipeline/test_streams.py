@@ -80,6 +80,60 @@ def test_weight_announcements(streams):
     assert streams.wait_weights(after=entry, block_ms=50) is None
 
 
+def _poisoned(field, value):
+    """A well-formed entry with one field's value replaced (arrays re-encoded in their wire dtype)."""
+    import numpy as np
+
+    from ludic.pipeline.wire import _ARRAYS
+
+    good = encode_item(item(3, version=7))
+    head = json.loads(good[b"head"])
+    if field in _ARRAYS:
+        return {**good, field.encode(): np.asarray(value, dtype=_ARRAYS[field]).tobytes()}
+    head[field] = value
+    return {**good, b"head": json.dumps(head).encode()}
+
+
+POISON = {  # field, value -> the word the error names
+    "NaN weight": ("weight", float("nan"), "weight"),
+    "infinite weight": ("weight", float("inf"), "weight"),
+    "NaN log-prob": ("logprobs", [float("nan"), -0.25, -0.5], "logprobs"),
+    "positive log-prob": ("logprobs", [0.5, -0.25, -0.5], "logprobs"),
+    "NaN token weight": ("token_weights", [1.0, float("inf"), 1.0], "token_weights"),
+    "id over the vocabulary": ("completion_ids", [10, 11, 50_000], "completion_ids"),
+    "negative id": ("prompt_ids", [1, -2, 3], "prompt_ids"),
+    "empty prompt": ("prompt_ids", [], "prompt_ids"),
+    "empty completion": ("completion_ids", [], "completion_ids"),
+    "mask of 2": ("action_mask", [1, 2, 0], "action_mask"),
+    "nothing trained": ("action_mask", [0, 0, 0], "action_mask"),
+    "top_p 0": ("top_p", 0.0, "top_p"),
+    "negative top_k": ("top_k", -1, "top_k"),
+    "NaN episode share": ("episode_share", float("nan"), "episode_share"),
+    "meta not an object": ("meta", [1, 2], "meta"),
+}
+
+
+@pytest.mark.parametrize("name", list(POISON))
+def test_poisoned_entries_are_malformed_naming_the_field(name):
+    field, value, word = POISON[name]
+    with pytest.raises(MalformedEntry, match=word):
+        decode_item(_poisoned(field, value), vocab_size=49152)
+
+
+async def test_a_poisoned_entry_is_skipped_counted_and_acked_not_trained(streams, tmp_path):
+    """A NaN weight once passed the shape checks and crashed the learner's step; being unacknowledged,
+    it was read first again after every restart. Now it is malformed: skipped, counted, acknowledged."""
+    writer = SampleWriter(streams, max_unread=100)
+    bad = writer.push_raw(_poisoned("weight", float("nan")))
+    good = writer.push([item(k, version=0) for k in range(2)])
+    source = PipelineBatchSource(SampleReader(streams, vocab_size=49152), batch_size=2, ledger_path=tmp_path / "l.jsonl")
+    b = await source.next_batch()
+    assert [it.meta["rollout_id"] for it in b.items] == ["r0", "r1"] and b.meta["pipeline_malformed"] == 1
+    source.on_checkpoint()
+    assert streams.pending_ids() == [] and read_ledger(tmp_path / "l.jsonl")["malformed"] == {bad}
+    assert set(good) == read_ledger(tmp_path / "l.jsonl")["trained"]
+
+
 async def test_source_drops_stale_and_malformed_and_acks_after_checkpoint(streams, tmp_path):
     """Accounting: produced = trained in checkpointed batches + stale + malformed + pending."""
     writer = SampleWriter(streams, max_unread=100)
