@@ -351,7 +351,8 @@ def make_learner(model: Any, tokenizer: Any, algorithm: Any, cfg: Any, streams: 
     publisher = AnnouncingPublisher(streams, run_dir / "weights", inner=inner_publisher, transport=weights_transport)
     trainer = Trainer(model, algorithm, None, cfg, publisher=publisher, logger=logger, checkpoint_dir=ckpt,
                       tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id)
-    trainer.source = PipelineBatchSource(SampleReader(streams, consumer="learner"), batch_size,
+    vocab = model.get_input_embeddings().weight.shape[0]  # token ids at or above it are refused (wire)
+    trainer.source = PipelineBatchSource(SampleReader(streams, consumer="learner", vocab_size=vocab), batch_size,
                                          version_fn=lambda: trainer.policy_version, max_lag=cfg.max_lag,
                                          ledger_path=ckpt / "pipeline_ledger.jsonl", timeout_s=timeout_s,
                                          health_fn=health_fn)

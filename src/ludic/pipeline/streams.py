@@ -183,11 +183,12 @@ class SampleReader:
     before a restart, not acknowledged) come back first, then new ones.
 
     ``read`` yields ``(entry id, SAWItem or MalformedEntry)``: a broken entry is handed over
-    with its id, for the caller to count, log and acknowledge, never raised.
+    with its id, for the caller to count, log and acknowledge, never raised. ``vocab_size``: token
+    ids must be below it (the learner's embedding rows; ``wire.decode_item``).
     """
 
-    def __init__(self, streams: PipelineStreams, consumer: str = "learner") -> None:
-        self.streams, self.consumer = streams, consumer
+    def __init__(self, streams: PipelineStreams, consumer: str = "learner", vocab_size: int | None = None) -> None:
+        self.streams, self.consumer, self.vocab_size = streams, consumer, vocab_size
         streams.ensure_group()
         self._backlog: str | None = "0"  # first re-read what this consumer had pending, from this id on
 
@@ -198,20 +199,20 @@ class SampleReader:
             rows = got[0][1] if got else []
             self._backlog = _id(rows[-1][0]) if len(rows) == count else None
             if rows:
-                return list(_decode(rows))
+                return list(_decode(rows, self.vocab_size))
         got = s.redis.xreadgroup(s.group, self.consumer, {s.samples: ">"}, count=count, block=block_ms)
-        return list(_decode(got[0][1])) if got else []
+        return list(_decode(got[0][1], self.vocab_size)) if got else []
 
     def ack(self, ids: Sequence[str]) -> int:
         return int(self.streams.redis.xack(self.streams.samples, self.streams.group, *ids)) if ids else 0
 
 
-def _decode(rows: Any) -> Iterator[tuple[str, SAWItem | MalformedEntry]]:
+def _decode(rows: Any, vocab_size: int | None = None) -> Iterator[tuple[str, SAWItem | MalformedEntry]]:
     for entry_id, fields in rows:
         if not fields:  # deleted while pending
             yield _id(entry_id), MalformedEntry("the entry was deleted while pending")
             continue
         try:
-            yield _id(entry_id), decode_item(fields)
+            yield _id(entry_id), decode_item(fields, vocab_size=vocab_size)
         except MalformedEntry as e:
             yield _id(entry_id), e

@@ -10,12 +10,17 @@ An entry is a flat map of byte fields (what ``XADD`` stores):
   as uint8.
 
 Nothing in an entry can run code when read (JSON and fixed-width numbers only), and a broken
-entry raises ``MalformedEntry`` naming the field, so a learner can skip and count it.
+entry raises ``MalformedEntry`` naming the field, so a learner can skip and count it. Broken means
+meaning as well as shape: a non-finite float, a positive log-prob, a token id outside [0, vocab),
+an empty prompt or completion, a mask value other than 0 / 1 or a mask that trains nothing, a
+sampling setting out of range. The learner reads an unacknowledged entry first after every
+restart, so one that decoded but could not train would crash it again on every resume.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -50,8 +55,9 @@ def encode_item(item: SAWItem) -> dict[bytes, bytes]:
     return out
 
 
-def decode_item(fields: Mapping[bytes | str, bytes | str]) -> SAWItem:
-    """Stream entry fields -> SAWItem; raises MalformedEntry for anything else."""
+def decode_item(fields: Mapping[bytes | str, bytes | str], vocab_size: int | None = None) -> SAWItem:
+    """Stream entry fields -> SAWItem; raises MalformedEntry for anything else (see the module
+    docstring; token ids are checked against ``vocab_size`` when given)."""
     f = {(k.decode() if isinstance(k, bytes) else k): v for k, v in fields.items()}
     schema = f.get("schema")
     schema = schema.encode() if isinstance(schema, str) else schema
@@ -77,8 +83,39 @@ def decode_item(fields: Mapping[bytes | str, bytes | str]) -> SAWItem:
     for k in ("prompt_ids", "completion_ids"):
         if k not in kw:
             raise MalformedEntry(f"array field {k!r} is missing")
+        if not kw[k]:
+            raise MalformedEntry(f"array field {k!r} is empty")
+        bad = [x for x in kw[k] if x < 0 or (vocab_size is not None and x >= vocab_size)]
+        if bad:
+            raise MalformedEntry(f"array field {k!r} has token id {bad[0]} outside [0, {vocab_size or 'vocab'})")
+    for k in ("logprobs", "token_weights"):
+        if k in kw and not all(math.isfinite(x) for x in kw[k]):
+            raise MalformedEntry(f"array field {k!r} holds a non-finite value")
+    if "logprobs" in kw and any(x > 1e-4 for x in kw["logprobs"]):
+        raise MalformedEntry(f"array field 'logprobs' holds a positive log-probability {max(kw['logprobs'])}")
+    if "action_mask" in kw:
+        if any(x not in (0, 1) for x in kw["action_mask"]):
+            raise MalformedEntry("array field 'action_mask' holds a value other than 0 and 1")
+        if not any(kw["action_mask"]):
+            raise MalformedEntry("array field 'action_mask' trains no token")
     try:
         scalars = {k: head[k] for k in _SCALARS}
-        return SAWItem(**kw, **scalars, meta=head.get("meta") or {})
-    except (KeyError, TypeError, ValueError) as e:
+    except KeyError as e:
+        raise MalformedEntry(f"head has no {e.args[0]!r}") from None
+    checks = {"weight": lambda x: _finite(x), "episode_share": lambda x: _finite(x) and 0 < x <= 1,
+              "temperature": lambda x: _finite(x) and x > 0, "top_p": lambda x: _finite(x) and 0 < x <= 1,
+              "top_k": lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0}
+    for k, ok in checks.items():
+        if not ok(scalars[k]):
+            raise MalformedEntry(f"head field {k!r} is out of range: {scalars[k]!r}")
+    meta = head.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise MalformedEntry(f"head field 'meta' is not an object: {type(meta).__name__}")
+    try:
+        return SAWItem(**kw, **scalars, meta=meta)
+    except (TypeError, ValueError) as e:
         raise MalformedEntry(f"not a valid SAWItem: {type(e).__name__}: {e}") from None
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
