@@ -174,6 +174,40 @@ def test_learner_kill_9_between_step_and_checkpoint(redis_server, tiny_model_dir
     assert "step_000006" in json.dumps(ckpt)
 
 
+def test_learner_resumed_from_further_back_than_the_kept_weights(redis_server, tiny_model_dir, tmp_path):
+    """The learner checkpoints every 5 steps and dies writing step 10's checkpoint: versions 6-10 were
+    announced after the checkpoint it resumes from, more than the 3 weight keys Redis keeps. The
+    resumed learner's weights must reach the actors (a key it just wrote was once deleted at once as
+    the "oldest": the actors exited and the learner waited forever), and it must never reuse the
+    numbers 6-10 for its own weights: items sampled by the dead learner's versions 6-10 are dropped as
+    stale, not trained as if the new weights had made them."""
+    cfg = config(tiny_model_dir, redis_server.url, tmp_path / "learner", steps=12)
+    cfg = replace(cfg, batch_timeout_s=120, trainer=replace(cfg.trainer, checkpoint_every=5, max_lag=None))
+    streams = PipelineStreams(redis_server.url, prefix="f")
+    actor = spawn_actor(cfg, "a0", tmp_path / "actors" / "a0")
+    try:
+        first = spawn_learner(cfg, env={"LUDIC_FAULT_AT": "tmp_written", "LUDIC_FAULT_STEP": "10"})
+        first.wait(timeout=400)
+        assert first.returncode == 86, (Path(cfg.run_dir) / "learner.log").read_text()[-3000:]
+        dead = streams.latest_weights()[0]
+        assert dead == 10 and ledger_commits(Path(cfg.run_dir)) == 1
+        second = spawn_learner(cfg)
+        second.wait(timeout=400)
+        assert actor.poll() is None, "the actor exited"
+    finally:
+        actor.kill()
+    log = (Path(cfg.run_dir) / "learner.log").read_text()
+    assert second.returncode == 0 and "resumed from step 5" in log, log[-3000:]
+    versions = [json.loads(x)["policy_version"] for x in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()
+                if '"policy_version"' in x]
+    assert versions[-7:] == list(range(dead + 2, dead + 9))  # steps 6-12 of the resumed run: 12..18, none reused
+    sets = audit(streams, Path(cfg.run_dir), tmp_path / "actors", set())
+    assert len(sets["trained"]) == 12 * 4
+    for i in sets["trained"]:  # nothing the dead learner's versions 6-10 sampled was trained
+        _, fields = streams.redis.xrange(streams.samples, min=i, max=i)[0]
+        assert not set(decode_item(fields).policy_versions) & set(range(6, dead + 1)), i
+
+
 def test_local_topology_command(redis_server, tiny_model_dir, tmp_path):
     """``ludic train tictactoe --pipeline 1`` runs Redis (here: the test's), an actor process and
     the learner, and stops the actor at the end."""
