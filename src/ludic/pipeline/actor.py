@@ -51,7 +51,13 @@ class AnnouncingPublisher:
     need nothing but the Redis address. ``"path"`` writes ``out_dir/v<v>`` instead (a filesystem
     the actors share; better for full weights of large models). With ``inner`` (e.g. a
     ``VLLMAdapterPublisher``), that publisher pushes to the inference servers and the
-    announcement only carries the version."""
+    announcement only carries the version.
+
+    Versions are never reused. ``server_version`` is the highest version announced on the weight
+    stream (or pushed to ``inner``'s servers), so a learner resumed from a checkpoint older than what
+    its dead predecessor announced publishes its weights as the next number, and ``Trainer.publish_start``
+    tells the batch source to drop what the numbers in between sampled (``discard_versions``). Keys
+    are pruned relative to the version just announced (the ``keep_last`` up to it), never that one."""
 
     def __init__(self, streams: PipelineStreams, out_dir: str | Path | None = None, *, inner: Any = None,
                  transport: str = "redis", keep_last: int = 3) -> None:
@@ -62,8 +68,13 @@ class AnnouncingPublisher:
         self.streams, self.inner, self.transport, self.keep_last = streams, inner, transport, keep_last
         self.out_dir = Path(out_dir).resolve() if out_dir is not None else None
         self.last_version: int | None = None
-        if hasattr(inner, "server_version"):  # the trainer adopts a reused server's higher version
-            self.server_version = inner.server_version
+
+    def server_version(self) -> int | None:
+        """The highest version announced on the weight stream or held by ``inner``'s servers (None: none)."""
+        latest = self.streams.latest_weights()
+        inner = self.inner.server_version() if hasattr(self.inner, "server_version") else None
+        known = [v for v in (latest[0] if latest else None, inner) if v is not None]
+        return max(known) if known else None
 
     def publish(self, model: Any, version: int, *, force: bool = False) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -80,12 +91,26 @@ class AnnouncingPublisher:
             key = f"{self.streams.prefix}:weights:v{version:07d}"
             self.streams.redis.set(key, blob)
             info = {"kind": kind, "key": key, "bytes": len(blob)}
-            stale = sorted(k.decode() for k in self.streams.redis.scan_iter(match=f"{self.streams.prefix}:weights:v*"))
-            if len(stale) > self.keep_last:
-                self.streams.redis.delete(*stale[: len(stale) - self.keep_last])
+            self._prune(version)
         entry = self.streams.announce_weights(version, info)
         self.last_version = version
         return {**out, "version": version, "announce_id": entry, "total_s": time.perf_counter() - t0}
+
+    def _prune(self, version: int) -> None:
+        """Keep the weight keys of the ``keep_last`` versions up to ``version``; delete older ones and any
+        newer one (left by a learner that died after announcing it)."""
+        prefix = f"{self.streams.prefix}:weights:v"
+        gone = []
+        for k in self.streams.redis.scan_iter(match=prefix + "*"):
+            name = k.decode() if isinstance(k, bytes) else k
+            try:
+                v = int(name[len(prefix):])
+            except ValueError:
+                continue
+            if v != version and not version - self.keep_last < v <= version:
+                gone.append(name)
+        if gone:
+            self.streams.redis.delete(*gone)
 
 
 def weights_bytes(model: Any) -> tuple[str, bytes]:

@@ -71,6 +71,20 @@ class PipelineBatchSource:
         self.commit = 0  # checkpoints whose entries were acknowledged
         self._ledger: tuple[int, bool] | None = None  # (last commit in the ledger, torn tail), once read
         self.totals = {"trained": 0, "stale": 0, "malformed": 0}
+        self.discarded: list[tuple[int, int]] = []
+        """Version ranges [lo, hi] whose weights are gone (announced by a learner that died before
+        checkpointing them; ``discard_versions``): an item with a token from one is stale."""
+
+    def discard_versions(self, lo: int, hi: int) -> None:
+        """Versions ``lo``..``hi`` name weights this learner does not have (see ``discarded``)."""
+        if lo <= hi:
+            self.discarded.append((int(lo), int(hi)))
+            log.warning("pipeline: versions %d-%d were announced by a learner that died before checkpointing "
+                        "them; what they sampled is dropped as stale", lo, hi)
+
+    def _discarded(self, item: SAWItem) -> bool:
+        return bool(self.discarded and item.policy_versions) and any(
+            lo <= v <= hi for v in set(item.policy_versions) for lo, hi in self.discarded)
 
     async def next_batch(self) -> SAWBatch:
         t0 = time.perf_counter()
@@ -96,8 +110,8 @@ class PipelineBatchSource:
                     continue
                 oldest = x.min_policy_version
                 lag = 0 if oldest is None else version - oldest
-                if lag < 0 or (self.max_lag is not None and lag > self.max_lag):  # < 0: from weights
-                    # a resumed learner never checkpointed (it announced them, then died)
+                if lag < 0 or (self.max_lag is not None and lag > self.max_lag) or self._discarded(x):
+                    # lag < 0 or discarded: from weights a learner announced and died before checkpointing
                     stale.append(entry_id)
                     continue
                 lags.append(lag)
@@ -124,7 +138,8 @@ class PipelineBatchSource:
     # ------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
         """What this checkpoint consumed since the previous one (acknowledged once it is on disk)."""
-        return {"commit": self.commit + 1, "window": self.window, "totals": dict(self.totals)}
+        return {"commit": self.commit + 1, "window": self.window, "totals": dict(self.totals),
+                "discarded": [list(r) for r in self.discarded]}
 
     def on_checkpoint(self, path: Path | None = None) -> None:
         """The checkpoint holding ``state_dict()`` is on disk: acknowledge its entries."""
@@ -135,6 +150,7 @@ class PipelineBatchSource:
         """Resume: acknowledge the checkpoint's entries again (idempotent), so a crash between a
         checkpoint and its XACK cannot make the learner train them twice."""
         self.totals = dict(state.get("totals", self.totals))
+        self.discarded = [(int(lo), int(hi)) for lo, hi in state.get("discarded", [])]
         self.window = _empty_window()
         self._commit(int(state["commit"]), state["window"])
 

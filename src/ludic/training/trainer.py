@@ -264,6 +264,9 @@ class Trainer:
         adopts it and publishes its weights as the next version, so every later push is newer and
         versions stay monotonic. ``reset_server_version`` forces the server back to this
         trainer's version instead. In-process engines (no ``server_version``) just take the version.
+        A resumed learner whose dead predecessor announced versions past the checkpoint (the
+        pipeline) takes the next number too: the versions in between name weights that no longer
+        exist, and a batch source with ``discard_versions`` drops what they sampled.
         """
         self.started = True
         if self.publisher is None:
@@ -272,6 +275,8 @@ class Trainer:
         remote = int(self._broadcast(remote if remote is not None else -1))
         force = self.cfg.reset_server_version and remote >= 0
         if remote >= self.policy_version and not force:
+            if remote > self.policy_version and hasattr(self.source, "discard_versions"):
+                self.source.discard_versions(self.policy_version + 1, remote)
             self.policy_version = remote + 1
         out = self.publisher.publish(self.model, self.policy_version, **({"force": True} if force else {})) or {}
         return {f"publish_{k}": v for k, v in out.items()}
