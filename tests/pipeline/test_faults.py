@@ -208,6 +208,32 @@ def test_learner_resumed_from_further_back_than_the_kept_weights(redis_server, t
         assert not set(decode_item(fields).policy_versions) & set(range(6, dead + 1)), i
 
 
+def test_a_lost_xack_of_an_earlier_checkpoint_trains_nothing_twice(redis_server, tiny_model_dir, tmp_path):
+    """The XACK of step 2's checkpoint is lost (``LUDIC_FAULT_DROP_ACK=1``: the ledger records the commit,
+    Redis never hears of it), then the learner dies writing step 6's checkpoint. Resumed from step 4,
+    its pending list still holds step 1-2's entries, which the ledger says were trained: they are
+    acknowledged on resume, not trained again."""
+    cfg = config(tiny_model_dir, redis_server.url, tmp_path / "learner", steps=8)
+    cfg = replace(cfg, trainer=replace(cfg.trainer, max_lag=None))
+    streams = PipelineStreams(redis_server.url, prefix="f")
+    actor = spawn_actor(cfg, "a0", tmp_path / "actors" / "a0")
+    try:
+        first = spawn_learner(cfg, env={"LUDIC_FAULT_AT": "tmp_written", "LUDIC_FAULT_STEP": "6",
+                                        "LUDIC_FAULT_DROP_ACK": "1"})
+        first.wait(timeout=400)
+        assert first.returncode == 86, (Path(cfg.run_dir) / "learner.log").read_text()[-3000:]
+        ledger = read_ledger(Path(cfg.run_dir) / "checkpoints" / "pipeline_ledger.jsonl")
+        assert ledger["trained"] & set(streams.pending_ids()), "the fault hook dropped no XACK"
+        second = spawn_learner(cfg)
+        second.wait(timeout=400)
+    finally:
+        actor.kill()
+    log = (Path(cfg.run_dir) / "learner.log").read_text()
+    assert second.returncode == 0 and "resumed from step 4" in log, log[-3000:]
+    sets = audit(streams, Path(cfg.run_dir), tmp_path / "actors", set())  # asserts no id trained twice
+    assert len(sets["trained"]) == 8 * 4
+
+
 def test_local_topology_command(redis_server, tiny_model_dir, tmp_path):
     """``ludic train tictactoe --pipeline 1`` runs Redis (here: the test's), an actor process and
     the learner, and stops the actor at the end."""

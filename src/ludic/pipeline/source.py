@@ -23,6 +23,7 @@ import asyncio
 import json
 import math
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -156,7 +157,8 @@ class PipelineBatchSource:
 
     def _commit(self, commit: int, window: dict[str, list]) -> None:
         ids = [i for b in window["batches"] for i in b] + window["stale"] + window["malformed"]
-        self.reader.ack(ids)
+        if os.environ.get("LUDIC_FAULT_DROP_ACK") != str(commit):  # test hook: this commit's XACK is lost
+            self.reader.ack(ids)
         if self.ledger_path is not None:
             if self._ledger is None:  # read the ledger once per process, then track it here
                 self._ledger = self._scan_ledger()
