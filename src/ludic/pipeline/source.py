@@ -148,12 +148,19 @@ class PipelineBatchSource:
         self.window = _empty_window()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: acknowledge the checkpoint's entries again (idempotent), so a crash between a
-        checkpoint and its XACK cannot make the learner train them twice."""
+        """Resume: acknowledge again (idempotent) the checkpoint's entries and every entry the ledger
+        records as consumed, so no lost XACK (a crash between a checkpoint and its XACK, or an XACK
+        Redis never got) makes the learner train an entry twice: the pending list a restarted
+        reader gets first then holds only what no checkpoint consumed."""
         self.totals = dict(state.get("totals", self.totals))
         self.discarded = [(int(lo), int(hi)) for lo, hi in state.get("discarded", [])]
         self.window = _empty_window()
         self._commit(int(state["commit"]), state["window"])
+        if self.ledger_path is not None and self.ledger_path.exists():
+            consumed = read_ledger(self.ledger_path)
+            ids = sorted(consumed["trained"] | consumed["stale"] | consumed["malformed"])
+            for s in range(0, len(ids), 1000):
+                self.reader.ack(ids[s:s + 1000])
 
     def _commit(self, commit: int, window: dict[str, list]) -> None:
         ids = [i for b in window["batches"] for i in b] + window["stale"] + window["malformed"]
