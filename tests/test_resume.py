@@ -88,3 +88,31 @@ def test_a_crash_at_any_point_of_a_checkpoint_write_leaves_a_loadable_checkpoint
     assert again.returncode == 0, again.stderr[-2000:]
     lines = [json.loads(x) for x in again.stdout.splitlines() if x.startswith("{")]
     assert lines[0]["resumed_at"] == state["step"] and lines[-1]["step"] == 4
+
+
+def test_a_checkpoint_is_on_disk_before_anyone_hears_of_it(tiny_model_dir, tmp_path, monkeypatch):
+    """Every file of a checkpoint, its folder and the folder holding it (for the renames) are fsynced
+    before ``save_checkpoint`` returns: the pipeline acknowledges entries (XACK, fsynced by Redis) right
+    after, so a power cut must not leave acknowledged entries whose checkpoint never reached the disk."""
+    from ludic.training.checkpoint import save_checkpoint
+
+    synced: list[str] = []
+    real = os.fsync
+
+    def recording(fd):
+        synced.append(os.path.realpath(f"/proc/self/fd/{fd}"))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32")
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    final = save_checkpoint(tmp_path / "ckpt", 3, model=model, optimizer=opt, tokenizer=tok, state={"x": 1})
+    files = {os.path.realpath(p) for p in final.rglob("*") if p.is_file()}
+    dirs = {os.path.realpath(p) for p in [final, *final.rglob("*")] if p.is_dir()}
+    # written inside the temporary folder, then renamed: compare names relative to the step folder
+    rel = lambda p: os.path.relpath(p.replace(".tmp_step_000003", "step_000003").replace(".json.tmp", ".json"),  # noqa: E731
+                                    tmp_path)
+    done = {rel(p) for p in synced}
+    assert {rel(p) for p in files} <= done, sorted({rel(p) for p in files} - done)
+    assert {rel(p) for p in dirs} <= done and "ckpt" in done, sorted(done)
+    assert "ckpt/latest.json" in done
