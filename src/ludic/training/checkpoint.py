@@ -12,8 +12,8 @@ Layout of ``<root>/step_000010/``:
 is a rename, so a crash (even ``kill -9``) at any point leaves a loadable
 latest checkpoint:
 
-1. the step is written into ``.tmp_step_N`` and renamed to ``step_N`` when complete
-   (a step saved again is first moved aside to ``.old_step_N``);
+1. the step is written into ``.tmp_step_N``, every file and folder of it fsynced, and renamed to
+   ``step_N`` when complete (a step saved again is first moved aside to ``.old_step_N``);
 2. the pointer is written to ``latest.json.tmp`` and renamed over ``latest.json``;
 3. old steps are renamed to ``.del_step_N`` before they are deleted, so a half-deleted
    folder never looks like a checkpoint.
@@ -57,6 +57,27 @@ def write_json_atomic(path: Path, obj: Any, step: int = -1) -> None:
         os.fsync(f.fileno())
     _fault("pointer_tmp", step)
     os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a folder: its entries (new names, renames) reach the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(root: Path) -> None:
+    """fsync every file under ``root``, then every folder, deepest first, ``root`` last."""
+    for p in sorted(root.rglob("*"), key=lambda q: len(q.parts), reverse=True):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
+    for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda q: len(q.parts), reverse=True):
+        fsync_dir(d)
+    fsync_dir(root)
 
 
 def save_checkpoint(
@@ -100,12 +121,14 @@ def save_checkpoint(
     (tmp / "rng.json").write_text(json.dumps(_rng_state()))
     meta = {"step": step, "peft": is_peft(model), **(state or {})}
     (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=2))  # last: marks the folder complete
+    fsync_tree(tmp)  # on disk before it counts: the pipeline acknowledges entries (XACK) right after
     _fault("tmp_written", step)
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         final.rename(old)
         _fault("old_moved", step)
     tmp.rename(final)
+    fsync_dir(root)
     _fault("renamed", step)
     write_json_atomic(root / "latest.json", {"last_checkpoint": final.name, "step": step}, step)
     _fault("pointed", step)
