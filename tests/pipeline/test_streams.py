@@ -308,3 +308,36 @@ async def test_an_actor_whose_weights_fail_to_load_stops_with_the_error(streams)
         await asyncio.wait_for(actor.run(first_weights_timeout_s=5), 10)
     await later
     assert actor.pushed > 0
+
+
+def test_local_redis_is_loopback_and_protected(tmp_path):
+    from ludic.pipeline.redis_server import RedisServer
+
+    with RedisServer(tmp_path / "r") as server:
+        import redis
+
+        c = redis.Redis(host="127.0.0.1", port=server.port)
+        assert c.config_get("bind")["bind"] == "127.0.0.1" and c.config_get("protected-mode")["protected-mode"] == "yes"
+
+
+def test_a_redis_beyond_loopback_needs_a_password_never_on_the_command_line(tmp_path, monkeypatch):
+    import redis
+
+    from ludic.pipeline.redis_server import RedisServer
+    from ludic.pipeline.streams import PipelineStreams
+
+    monkeypatch.delenv("LUDIC_REDIS_PASSWORD", raising=False)
+    monkeypatch.delenv("LUDIC_REDIS_PASSWORD_FILE", raising=False)
+    with pytest.raises(ValueError, match="LUDIC_REDIS_PASSWORD"):
+        RedisServer(tmp_path / "r", host="0.0.0.0")
+    secret = tmp_path / "pw"
+    secret.write_text("s3cret-pass\n")
+    monkeypatch.setenv("LUDIC_REDIS_PASSWORD_FILE", str(secret))
+    with RedisServer(tmp_path / "r", host="0.0.0.0") as server:
+        argv = open(f"/proc/{server.proc.pid}/cmdline", "rb").read().decode(errors="replace")
+        assert "s3cret-pass" not in argv
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(host="127.0.0.1", port=server.port).ping()
+        streams = PipelineStreams(server.url, prefix="pw")  # the client reads the same variable
+        streams.ensure_group()
+        assert streams.redis.ping() and "s3cret" not in server.url
