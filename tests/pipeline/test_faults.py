@@ -370,7 +370,7 @@ def _can_make_namespaces() -> str | None:
     return None
 
 
-def test_actor_and_learner_in_separate_network_namespaces(tiny_model_dir, tmp_path):
+def test_actor_and_learner_in_separate_network_namespaces(tiny_model_dir, tmp_path, monkeypatch):
     """Multi-host as far as one machine shows it: the actor and the learner each run in their own
     network namespace (own veth pair and subnet, made here), with Redis on the host. They share
     no address and no folder they use: samples and weights go through Redis only."""
@@ -381,6 +381,9 @@ def test_actor_and_learner_in_separate_network_namespaces(tiny_model_dir, tmp_pa
         if os.environ.get("CI"):
             pytest.fail(f"the namespace test must run in CI: {why}")
         pytest.skip(why)
+    secret = tmp_path / "redis-password"  # beyond loopback Redis needs one; actor and learner inherit the variable
+    secret.write_text(f"pw-{os.getpid()}")
+    monkeypatch.setenv("LUDIC_REDIS_PASSWORD_FILE", str(secret))
     with _Namespaces() as ns:
         server = RedisServer(tmp_path / "redis", host="0.0.0.0").start()
         try:

@@ -9,14 +9,42 @@ samples actors believe were pushed, and acknowledgements the learner believes we
 learner would then re-read entries its checkpoint already holds; ``PipelineBatchSource`` acks
 a checkpoint's entries again on resume, so those are not trained twice, but lost samples are
 lost). RDB snapshots are off: the AOF is the only persistence.
+
+Access: the server binds 127.0.0.1 with protected mode on. Another bind address (other hosts,
+network namespaces) needs a password, read from ``$LUDIC_REDIS_PASSWORD`` or the file named by
+``$LUDIC_REDIS_PASSWORD_FILE`` and handed to redis-server in a config file only this user can read,
+never on its command line (where ``ps`` shows it to every user); ``PipelineStreams`` reads the same
+variables, so URLs never carry it.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
 from pathlib import Path
+
+PASSWORD_ENV = "LUDIC_REDIS_PASSWORD"
+PASSWORD_FILE_ENV = "LUDIC_REDIS_PASSWORD_FILE"
+
+
+def redis_password() -> str | None:
+    """The pipeline's Redis password: ``$LUDIC_REDIS_PASSWORD``, else the first line of the file
+    ``$LUDIC_REDIS_PASSWORD_FILE``, else None."""
+    if os.environ.get(PASSWORD_ENV):
+        return os.environ[PASSWORD_ENV]
+    path = os.environ.get(PASSWORD_FILE_ENV)
+    if path:
+        text = Path(path).read_text().strip()
+        if not text:
+            raise ValueError(f"{PASSWORD_FILE_ENV}={path} is empty")
+        return text.splitlines()[0].strip()
+    return None
+
+
+def _loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1")
 
 
 class RedisServer:
@@ -25,7 +53,7 @@ class RedisServer:
     Args:
         data_dir: the AOF lives here; a restarted server on the same folder gets it back.
         port: TCP port (0: a free one).
-        host: bind address ("0.0.0.0" for other hosts and network namespaces).
+        host: bind address ("0.0.0.0" for other hosts and network namespaces: needs a password).
         appendfsync: ``always`` (default, see the module docstring), ``everysec`` or ``no``.
     """
 
@@ -38,6 +66,11 @@ class RedisServer:
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             raise FileNotFoundError("redis-server is not installed (make setup installs it with apt-get)")
+        self.password = redis_password()
+        if not _loopback(host) and self.password is None:
+            raise ValueError(f"binding redis-server to {host} exposes it beyond this machine: set {PASSWORD_ENV} "
+                             f"or {PASSWORD_FILE_ENV} (a file holding the password) for the server and every "
+                             "actor and learner; a password is never given on the command line")
         self.data_dir = Path(data_dir).resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.host, self.port, self.appendfsync = host, port or free_port(), appendfsync
@@ -51,12 +84,18 @@ class RedisServer:
     def start(self, timeout_s: float = 30.0) -> "RedisServer":
         import redis
 
-        cmd = [self.binary, "--port", str(self.port), "--bind", self.host, "--dir", str(self.data_dir),
+        conf = self.data_dir / "ludic-redis.conf"  # the password's only place: a file this user alone reads
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f'requirepass "{self.password}"\n' if self.password else "")
+        os.chmod(conf, 0o600)
+        cmd = [self.binary, str(conf), "--port", str(self.port), "--bind", self.host, "--dir", str(self.data_dir),
                "--appendonly", "yes", "--appendfsync", self.appendfsync, "--save", "",
-               "--protected-mode", "no", "--daemonize", "no", "--loglevel", "warning",
+               "--protected-mode", "yes", "--daemonize", "no", "--loglevel", "warning",
                "--logfile", str(self.data_dir / "redis.log")]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        client = redis.Redis(host=self.host if self.host != "0.0.0.0" else "127.0.0.1", port=self.port)
+        client = redis.Redis(host=self.host if self.host != "0.0.0.0" else "127.0.0.1", port=self.port,
+                             password=self.password)
         deadline = time.monotonic() + timeout_s
         while True:
             if self.proc.poll() is not None:

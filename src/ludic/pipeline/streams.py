@@ -56,11 +56,15 @@ class PipelineStreams:
         from redis.backoff import ExponentialBackoff
         from redis.retry import Retry
 
+        from ludic.pipeline.redis_server import redis_password
+
         self.url, self.prefix, self.group = url, prefix, group
+        password = redis_password()  # $LUDIC_REDIS_PASSWORD(_FILE); a password in the URL wins
         # a restarting Redis (kill -9, then AOF reload) is waited for, up to about a minute
         self.redis = redis.Redis.from_url(
             url, socket_timeout=None, retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), retries_on_redis_down),
-            retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError])
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
+            **({"password": password} if password else {}))
         self.samples = f"{prefix}:samples"
         self.weights = f"{prefix}:weights"
 
