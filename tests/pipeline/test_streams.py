@@ -341,3 +341,12 @@ def test_a_redis_beyond_loopback_needs_a_password_never_on_the_command_line(tmp_
         streams = PipelineStreams(server.url, prefix="pw")  # the client reads the same variable
         streams.ensure_group()
         assert streams.redis.ping() and "s3cret" not in server.url
+
+
+def test_the_pipeline_learner_refuses_several_ranks(streams, monkeypatch):
+    """Its consumer name and acknowledgements assume one learner process: under torchrun it says so."""
+    from ludic.pipeline.actor import make_learner
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="one learner process"):
+        make_learner(None, None, None, None, streams, "/nonexistent", batch_size=4)
