@@ -368,8 +368,16 @@ def make_learner(model: Any, tokenizer: Any, algorithm: Any, cfg: Any, streams: 
     """A ``Trainer`` over the sample stream: batches of ``batch_size`` episodes (``cfg.max_lag``
     drops stale ones), checkpoints in ``run_dir/checkpoints`` (each acknowledges its entries and
     appends to ``pipeline_ledger.jsonl`` there), weights announced after every publish.
-    ``health_fn`` (e.g. ``ActorThread.check``) is called while a batch is awaited and may raise."""
+    ``health_fn`` (e.g. ``ActorThread.check``) is called while a batch is awaited and may raise.
+    One learner process only: its consumer name and acknowledgements assume a single reader."""
     from ludic.training.trainer import Trainer
+
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1:
+        raise RuntimeError(f"the pipeline runs one learner process (WORLD_SIZE={world}): the learner's consumer "
+                           "name and its acknowledgements after each checkpoint assume a single reader of the "
+                           "sample stream. Add actors to sample faster; to shard a large model, train it in one "
+                           "learner with more memory or use the synchronous `ludic train` under torchrun")
 
     run_dir = Path(run_dir)
     ckpt = run_dir / "checkpoints"
