@@ -189,6 +189,31 @@ async def test_source_times_out_without_actors(streams):
         await source.next_batch()
 
 
+async def test_a_waiting_learner_says_why(streams, caplog):
+    """No actor ever seen; an actor alive but failing to load weights; an actor gone quiet: the wait
+    ends (or, without a timeout, logs) with what the actors' heartbeats in Redis say."""
+    import logging
+
+    from ludic.pipeline.streams import ActorStatus
+
+    source = PipelineBatchSource(SampleReader(streams), batch_size=2, block_ms=50, timeout_s=0.3)
+    with pytest.raises(TimeoutError, match="no actor has reported"):
+        await source.next_batch()
+    status = ActorStatus(streams, "a0")
+    status.beat(version=3, pushed=8, error="KeyError: 'f:weights:v0000005' is gone from Redis")
+    with pytest.raises(TimeoutError, match=r"a0 .*KeyError: 'f:weights:v0000005' is gone"):
+        await source.next_batch()
+    status.beat(version=3, pushed=8, t=0.0)  # last heard of at the epoch: long silent
+    with pytest.raises(TimeoutError, match=r"a0: last heard .* ago"):
+        await source.next_batch()
+    quiet = PipelineBatchSource(SampleReader(streams), batch_size=2, block_ms=50, report_every_s=0.2)
+    with caplog.at_level(logging.WARNING, logger="ludic.pipeline.source"):
+        task = asyncio.ensure_future(quiet.next_batch())
+        await asyncio.sleep(0.8)
+        task.cancel()
+    assert any("waiting" in r.message and "a0" in r.message for r in caplog.records)
+
+
 def test_redis_kill_9_with_aof_always_loses_nothing(redis_server):
     """Entries, the group's pending list and acknowledgements survive kill -9 of Redis."""
     from ludic.pipeline.streams import PipelineStreams
