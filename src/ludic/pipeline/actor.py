@@ -34,7 +34,7 @@ from typing import Any, Awaitable, Callable
 
 from ludic.inference.publish import prune_versions
 from ludic.pipeline.source import PipelineBatchSource
-from ludic.pipeline.streams import PipelineStreams, SampleReader, SampleWriter
+from ludic.pipeline.streams import ActorStatus, PipelineStreams, SampleReader, SampleWriter
 
 log = logging.getLogger(__name__)
 
@@ -262,9 +262,21 @@ class Actor:
         self.actor_id = actor_id or f"actor-{os.getpid()}"
         self.log_path = Path(log_path) if log_path else None
         self.pushed = 0
+        self.status = ActorStatus(streams, self.actor_id)
+        """This actor's heartbeat in Redis (what a waiting learner reports)."""
 
     async def run(self, batches: int | None = None, first_weights_timeout_s: float | None = 600.0) -> int:
-        """Push ``batches`` batches (None: until cancelled); returns the items pushed."""
+        """Push ``batches`` batches (None: until cancelled); returns the items pushed. Its heartbeat
+        says how far it got, and why it stopped when it fails."""
+        try:
+            return await self._run(batches, first_weights_timeout_s)
+        except Exception as e:
+            await asyncio.to_thread(self.status.beat, version=getattr(self.engine, "policy_version", None),
+                                    pushed=self.pushed, error=f"{type(e).__name__}: {e}")
+            raise
+
+    async def _run(self, batches: int | None, first_weights_timeout_s: float | None) -> int:
+        await asyncio.to_thread(self.status.beat, pushed=0)
         await self.follower.wait_first(first_weights_timeout_s)
         follow = asyncio.create_task(self.follower.run())
         try:
@@ -273,6 +285,8 @@ class Actor:
                 if follow.done():  # weights stopped arriving: say why instead of pushing stale samples
                     follow.result()
                     raise RuntimeError("the weight follower stopped")
+                await asyncio.to_thread(self.status.beat, version=getattr(self.engine, "policy_version", None),
+                                        pushed=self.pushed)
                 await asyncio.to_thread(self.writer.wait_for_room)
                 await self.follower.catch_up()  # the newest announced weights sample this batch
                 batch = await self.source.next_batch()

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ludic.pipeline.streams import SampleReader
+from ludic.pipeline.streams import SampleReader, describe_actors
 from ludic.pipeline.wire import MalformedEntry
 from ludic.types import SAWBatch, SAWItem
 
@@ -52,8 +52,9 @@ class PipelineBatchSource:
             behind (None: keep all). Items from versions ahead of the learner (sampled with
             weights a learner announced and then died before checkpointing) are dropped too.
         block_ms: how long one read waits for new entries.
-        timeout_s: give up (TimeoutError) when a batch is not complete after this long
-            (None: wait for the actors forever).
+        timeout_s: give up (TimeoutError, saying what the actors' heartbeats say) when a batch is
+            not complete after this long (None: wait for the actors forever).
+        report_every_s: while a batch waits, log what the actors' heartbeats say this often.
         ledger_path: JSONL of what each checkpoint consumed (None: no ledger).
         health_fn: called before every read while a batch is incomplete; raises when the producer
             is known to be dead (an in-process actor thread), so the learner fails instead of waiting.
@@ -61,11 +62,13 @@ class PipelineBatchSource:
 
     def __init__(self, reader: SampleReader, batch_size: int, *, version_fn: Callable[[], int] = lambda: 0,
                  max_lag: int | None = None, block_ms: int = 500, timeout_s: float | None = None,
-                 ledger_path: str | Path | None = None, health_fn: Callable[[], None] | None = None) -> None:
+                 ledger_path: str | Path | None = None, health_fn: Callable[[], None] | None = None,
+                 report_every_s: float = 60.0) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.reader, self.batch_size, self.version_fn = reader, batch_size, version_fn
         self.max_lag, self.block_ms, self.timeout_s = max_lag, block_ms, timeout_s
+        self.report_every_s = report_every_s
         self.ledger_path = Path(ledger_path) if ledger_path else None
         self.health_fn = health_fn
         self.window = _empty_window()
@@ -95,10 +98,16 @@ class PipelineBatchSource:
         malformed: list[str] = []
         lags: list[int] = []
         episodes = 0.0
+        reported = t0
         while episodes < self.batch_size - 1e-9:
-            if self.timeout_s is not None and time.perf_counter() - t0 > self.timeout_s:
+            waited = time.perf_counter() - t0
+            if self.timeout_s is not None and waited > self.timeout_s:
                 raise TimeoutError(f"PipelineBatchSource: {episodes:g} of {self.batch_size} episodes after "
-                                   f"{self.timeout_s}s (are the actors running?)")
+                                   f"{self.timeout_s}s. Actors: {describe_actors(self.reader.streams)}")
+            if time.perf_counter() - reported > self.report_every_s:
+                reported = time.perf_counter()
+                log.warning("pipeline: waiting %.0f s for a batch (%g of %d episodes). Actors: %s", waited,
+                            episodes, self.batch_size, describe_actors(self.reader.streams))
             if self.health_fn is not None:
                 self.health_fn()
             want = max(1, math.floor(self.batch_size - episodes))  # never more than the batch still needs

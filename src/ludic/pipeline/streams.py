@@ -182,6 +182,44 @@ class SampleWriter:
         return _id(self.streams.redis.xadd(self.streams.samples, fields))
 
 
+class ActorStatus:
+    """An actor's heartbeat: one field of the hash ``<prefix>:actors`` (actor id -> JSON ``{t, version,
+    pushed, error}``), written as the actor works and when it fails, so a learner waiting for samples
+    can say why none come (``describe_actors``)."""
+
+    def __init__(self, streams: PipelineStreams, actor_id: str) -> None:
+        self.streams, self.actor_id = streams, actor_id
+
+    def beat(self, *, version: int | None = None, pushed: int = 0, error: str | None = None,
+             t: float | None = None) -> None:
+        body = {"t": time.time() if t is None else t, "version": version, "pushed": pushed, "error": error}
+        self.streams.redis.hset(f"{self.streams.prefix}:actors", self.actor_id, json.dumps(body))
+
+
+def describe_actors(streams: PipelineStreams, silent_after_s: float = 120.0) -> str:
+    """What the actors' heartbeats say, for a learner that waits: none seen, each one's last error, or
+    how long ago each was last heard of."""
+    raw = streams.redis.hgetall(f"{streams.prefix}:actors")
+    if not raw:
+        return (f"no actor has reported to {streams.url} under prefix {streams.prefix!r}: start `ludic actor` "
+                "with the same --redis-url and --stream-prefix")
+    now, parts = time.time(), []
+    for k, v in sorted(raw.items()):
+        try:
+            s = json.loads(v)
+        except ValueError:
+            continue
+        name, ago = _id(k), now - float(s.get("t") or 0.0)
+        if s.get("error"):
+            parts.append(f"{name} stopped with {s['error']} ({ago:.0f} s ago)")
+        elif ago > silent_after_s:
+            parts.append(f"{name}: last heard {ago:.0f} s ago (dead?), at version {s.get('version')}, "
+                         f"{s.get('pushed')} items pushed")
+        else:
+            parts.append(f"{name}: alive {ago:.0f} s ago at version {s.get('version')}, {s.get('pushed')} items pushed")
+    return "; ".join(parts)
+
+
 class SampleReader:
     """The learner's side: reads through the consumer group; its own pending entries (read
     before a restart, not acknowledged) come back first, then new ones.
