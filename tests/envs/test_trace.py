@@ -83,6 +83,109 @@ def test_sandbox_stops_hostile_programs_and_the_host_is_unharmed(name, code, rea
     assert run_python("print(1 + 1)").stdout == "2\n"  # the machine still runs programs
 
 
+ATTACKS = {  # name -> (program; {secret}, {escape} and {victim} are filled in; the reasons that count as stopped)
+    "write outside the scratch folder": ("open({escape!r}, 'w').write('pwned')\nprint('wrote')", {"filesystem"}),
+    "read a file of the trainer's": ("print(open({secret!r}).read())", {"filesystem"}),
+    "kill the parent process": ("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+                                "os.kill({victim}, signal.SIGKILL)\nprint('killed')", {"error", "processes"}),
+    "open a socket": ("import socket\nsocket.create_connection(('1.1.1.1', 80), timeout=3)\nprint('connected')",
+                      {"network"}),
+    "fork bomb": ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+                  {"timeout", "processes"}),
+    "allocate 10 GB": ("x = bytearray(10 * 1024 ** 3)\nprint(len(x))", {"memory"}),
+    "loop forever": ("while True:\n    pass", {"timeout"}),
+    "write 1 GB": ("with open('big', 'wb') as f:\n    for _ in range(1024):\n        f.write(b'x' * (1 << 20))\n"
+                   "print('wrote')", {"disk", "output"}),
+}
+
+
+ATTACK_RUNNER = """
+import json, os, sys, time
+from ludic.envs.sandbox import run_python
+attacks, secret, escape, victim = json.loads(sys.stdin.read())
+for name, code in attacks.items():
+    t0 = time.perf_counter()
+    out = run_python(code.format(secret=secret, escape=escape, victim=victim), timeout_s=3, max_output_bytes=1 << 20)
+    print(json.dumps({"name": name, "reason": out.reason, "ok": out.ok, "stdout": out.stdout[-300:],
+                      "stderr": out.stderr[-300:], "seconds": time.perf_counter() - t0,
+                      "escaped": os.path.exists(escape)}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def attack_table():
+    """Each attack run once in the sandbox by a stand-in trainer process (so an attack that kills its
+    parent kills that process, not pytest), beside another host process it tries to kill; the rows
+    print as the issue's table: attack, what stopped it, seconds to stop, the host unharmed."""
+    import subprocess
+    import sys
+    import tempfile
+
+    rows = {}
+    with tempfile.TemporaryDirectory() as d:
+        secret = os.path.join(d, "trainer_secret.txt")
+        with open(secret, "w") as f:
+            f.write("the trainer's secret")
+        os.chmod(d, 0o755)
+        os.chmod(secret, 0o644)  # readable by every user of this machine: only the sandbox's view hides it
+        escape = os.path.join(d, "escaped.txt")
+        victim = subprocess.Popen(["sleep", "300"])  # another process of the host, which the attack tries to kill
+        try:
+            trainer = subprocess.run([sys.executable, "-c", ATTACK_RUNNER], capture_output=True, text=True, timeout=240,
+                                     input=json.dumps([{k: v[0] for k, v in ATTACKS.items()}, secret, escape, victim.pid]))
+            for line in trainer.stdout.splitlines():
+                row = json.loads(line)
+                rows[row["name"]] = {**row, "victim_alive": victim.poll() is None}
+            rows["trainer"] = {"returncode": trainer.returncode, "stderr": trainer.stderr[-2000:]}
+        finally:
+            victim.kill()
+    print("\n| attack | stopped by | seconds | host unharmed |")
+    for name in ATTACKS:
+        r = rows.get(name)
+        print(f"| {name} | {r and r['reason']} | {r and round(r['seconds'], 2)} | "
+              f"{r is not None and not r['escaped'] and r['victim_alive']} |")
+    return rows
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_sandbox_attack_is_stopped_and_the_host_lives(attack_table, name):
+    assert attack_table["trainer"]["returncode"] == 0, f"the trainer died: {attack_table['trainer']}"
+    r = attack_table[name]
+    assert r["reason"] in ATTACKS[name][1], (name, r["reason"], r["stdout"], r["stderr"])
+    assert not r["ok"] and "secret" not in r["stdout"] and "wrote" not in r["stdout"] and "connected" not in r["stdout"]
+    assert not r["escaped"] and r["victim_alive"]
+    assert _cgroup_pids() == []
+
+
+def test_the_sandbox_runs_as_an_unprivileged_user_in_its_own_pid_namespace():
+    out = run_python("import os\nprint(os.getuid(), os.getgid(), os.getpid())\nprint(sorted(os.listdir('/proc'))[:3])")
+    assert out.ok, out.stderr
+    uid, gid, pid = out.stdout.split("\n")[0].split()
+    assert uid != "0" and gid != "0" and int(pid) < 10  # its own PID namespace: the host's processes are not there
+
+
+def test_an_attack_in_a_trace_record_is_a_failed_rollout(tmp_path):
+    """A hostile program in a trace dataset: the env raises, the protocol records a failed rollout, the run goes on."""
+    import asyncio
+
+    from ludic.agents.agent import Agent
+    from ludic.context import FullDialog
+    from ludic.interaction import SingleAgentProtocol
+
+    path = tmp_path / "hostile.jsonl"
+    path.write_text(json.dumps({"program": "while True:\n    pass", "inputs": ""}) + "\n")
+
+    class Never:
+        tokenizer = None
+
+        async def complete(self, request):
+            raise AssertionError("no model call: the env failed first")
+
+    env = TraceEnv(task_id=0, records_path=str(path), timeout_s=1.0)
+    [r] = asyncio.run(SingleAgentProtocol(Agent(Never(), FullDialog("x"))).run(env, max_steps=1))
+    assert r.meta["failed"] and "timeout" in r.meta["error"] and r.meta["error_stage"] == "env.reset"
+
+
 def test_trace_env_episode_and_task_errors(tmp_path):
     env = TraceEnv(task_id=3)
     obs, info = env.reset(seed=0)["agent_0"]
