@@ -109,3 +109,19 @@ def test_tictactoe_grpo_on_the_tinker_backend(standin, tmp_path):
     versions = [{v for s in r["steps"] for v in (s["trace"] or {}).get("policy_versions", [])} for r in rollouts]
     assert versions[:4] == [{1}] * 4 and versions[4:] == [{2}] * 4  # step 2 sampled by step 1's weights
     assert (run / "report.html").exists() and (run / "tinker_results.json").exists()
+
+
+@pytest.mark.parametrize("loss_fn", ["importance_sampling", "ppo"])
+def test_tinker_learner_refuses_truncated_sampling_for_ratio_losses(loss_fn):
+    """As the Trainer does: a top-p / top-k sample's log-probs are those of a renormalised distribution,
+    so an importance ratio over them is wrong. Refused before anything reaches the service."""
+    import asyncio
+
+    from ludic.training.tinker import TinkerLearner
+    from ludic.types import SAWItem
+
+    learner = TinkerLearner(None, None, loss_fn=loss_fn)
+    for top in ({"top_p": 0.9}, {"top_k": 20}):
+        item = SAWItem((1, 2), (3, 4), 1.0, logprobs=(-0.5, -0.5), **top)
+        with pytest.raises(ValueError, match="truncated, renormalised distribution"):
+            asyncio.run(learner.step([item]))
