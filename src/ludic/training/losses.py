@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -473,3 +474,18 @@ def compute_loss(inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Te
 
     stats["loss"] = loss.detach()
     return loss, stats
+
+
+def refuse_truncated_sampling(items: Sequence[Any], loss_name: str) -> None:
+    """Raise for an item sampled with top-p / top-k whose sampler log-probs an importance-ratio loss
+    (``loss_name``) would divide by: those are log-probs of a truncated, renormalised distribution,
+    so the ratio would be wrong. Every learner calls it (``Trainer``, ``TinkerLearner``)."""
+    for it in items:
+        if it.logprobs is not None and (it.top_p < 1 or it.top_k > 0):
+            raise ValueError(
+                f"an item was sampled with top_p={it.top_p}, top_k={it.top_k}: its sampler log-probs are "
+                f"those of a truncated, renormalised distribution, so the importance ratio of the "
+                f"{loss_name!r} loss would be wrong. Sample with top_p=1 and top_k=0 for RL, or use a "
+                "loss without importance ratios (reinforce with is_cap=None). Item meta: "
+                f"{ {k: it.meta.get(k) for k in ('rollout_id', 'step_index')} }"
+            )

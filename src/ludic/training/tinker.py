@@ -20,9 +20,12 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
+from ludic.training.losses import refuse_truncated_sampling
 from ludic.types import SAWItem
 
 LOSSES = ("importance_sampling", "ppo", "cross_entropy")
+RATIO_LOSSES = ("importance_sampling", "ppo")
+"""The Tinker losses that divide by the sampler's probabilities."""
 
 
 def saw_to_datum(item: SAWItem, scale: float = 1.0, loss_fn: str = "importance_sampling") -> Any:
@@ -88,6 +91,8 @@ class TinkerLearner:
         t0 = time.perf_counter()
         if not items:
             return {"skipped_empty_batch": 1.0, **await self.publish()}
+        if self.loss_fn in RATIO_LOSSES:
+            refuse_truncated_sampling(items, self.loss_fn)
         tokens = sum(it.num_action_tokens for it in items)
         data = [saw_to_datum(it, 1.0 / max(1, tokens), self.loss_fn) for it in items]
         fb = self.training_client.forward_backward(data, self.loss_fn)  # both submitted before waiting

@@ -48,7 +48,7 @@ from ludic.training.batching import (
 )
 from ludic.training.checkpoint import latest_checkpoint, load_checkpoint, load_master_weights, save_checkpoint
 from ludic.training.config import TrainerConfig
-from ludic.training.losses import LossInputs, compute_loss
+from ludic.training.losses import LossInputs, compute_loss, refuse_truncated_sampling
 from ludic.training.lora import frozen_bottom_layers
 from ludic.training.packed import packable
 from ludic.training.precision import MasterWeights
@@ -453,17 +453,8 @@ class Trainer:
     def _check_sampling(self, items: list[SAWItem]) -> None:
         """Refuse importance ratios against truncated (top-p / top-k) sampler distributions."""
         loss = getattr(self.algorithm, "loss", None)
-        if loss is None or not loss.uses_importance_ratio:
-            return
-        for it in items:
-            if it.logprobs is not None and (it.top_p < 1 or it.top_k > 0):
-                raise ValueError(
-                    f"an item was sampled with top_p={it.top_p}, top_k={it.top_k}: its sampler log-probs are "
-                    f"those of a truncated, renormalised distribution, so the importance ratio of the "
-                    f"{loss.kind!r} loss would be wrong. Sample with top_p=1 and top_k=0 for RL, or use a "
-                    "loss without importance ratios (reinforce with is_cap=None). Item meta: "
-                    f"{ {k: it.meta.get(k) for k in ('rollout_id', 'step_index')} }"
-                )
+        if loss is not None and loss.uses_importance_ratio:
+            refuse_truncated_sampling(items, loss.kind)
 
     def ref_logp(self, mb: Any) -> torch.Tensor:
         """Reference-policy log-probs of the action tokens (frozen ``ref_model``, or the base with LoRA off)."""
