@@ -178,3 +178,28 @@ def test_the_decoders_rope_and_norms_are_the_models_own_bits(tiny_model_dir, fam
     other = OnePlusNorm(8).to(dtype)
     assert _fast_norm(other, dtype) is other
     assert not _rolled_rope_matches(lambda q, k, cos, sin, **kw: (q * cos, k * cos), D, dtype)
+
+
+def test_a_lora_on_the_lm_head_decodes_through_the_model(tiny_model_dir):
+    """The hand-written decode step and flat pass read the LM head as a plain linear: a model whose head
+    carries a LoRA adapter goes through its own forward (same tokens as the stock path), not an error."""
+    from ludic import fastpath
+    from ludic.inference.client import SamplingParams
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.packed import packable
+
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8, target_modules="lm_head,q_proj"),
+                             dtype="float32", seed=0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(1))
+    prompts = [list(range(5, 17))]
+    greedy = [SamplingParams(temperature=0.0, max_tokens=6)]
+    fast = TransformersEngine(model, tok).generate(prompts, greedy)[0]
+    assert not fast.info.get("error") and len(fast.trace.completion_ids) == 6, fast
+    with fastpath.scoped(False):
+        stock = TransformersEngine(model, tok).generate(prompts, greedy)[0]
+    assert fast.trace.completion_ids == stock.trace.completion_ids
+    assert not packable(model)
