@@ -15,7 +15,8 @@ from typing import Any
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 """``config.model_type`` values whose decoder layer is pre-norm attention + MLP with rotary q/k
-(Qwen3 adds per-head q/k norms), a plain LM head, and no embedding, residual or logit multipliers."""
+(Qwen3 adds per-head q/k norms), a plain LM head, and no embedding, residual or logit multipliers.
+A model whose LM head is not a plain ``nn.Linear`` (a LoRA adapter on it, say) runs its own forward."""
 
 
 def llama_like(model: Any) -> bool:
@@ -37,6 +38,10 @@ def llama_like(model: Any) -> bool:
                  layer.post_attention_layernorm, layer.mlp, attn.q_proj, attn.k_proj, attn.v_proj,
                  attn.o_proj, attn.head_dim, attn.scaling, base.get_output_embeddings())
     except (AttributeError, IndexError, TypeError, NotImplementedError):
+        return False
+    import torch
+
+    if type(base.get_output_embeddings()) is not torch.nn.Linear:  # e.g. a peft LoRA linear on the head
         return False
     return all(p is not None for p in parts) and hasattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb")
 
