@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +18,19 @@ from ludic.inference.models import cache_dir, make_tiny_model, packaged_model_di
 from ludic.types import FinishReason, StepOutcome, TokenTrace
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def require(module: str, why: str = "") -> Any:
+    """Import ``module`` for a test (module level or inside one). Missing, it skips the test on a
+    developer's machine and fails it under CI (``$CI`` set), whose set-up must have installed it: a
+    skip there would hide a gap (``pytest.importorskip`` skips everywhere)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        msg = f"{module} is not installed{' (' + why + ')' if why else ''}: {e}"
+        if os.environ.get("CI"):
+            pytest.fail(msg + "; CI's set-up (scripts/setup.sh) must install it", pytrace=False)
+        pytest.skip(msg, allow_module_level=True)
 
 
 class VowelEnv(SingleAgentEnv):

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require
 
 from benchmarks.__main__ import parse_only
 from benchmarks.bench_rollout import alternating_pairs, paired_overhead
@@ -190,7 +191,7 @@ def test_trl_with_vllm_is_refused_without_a_gpu():
 def test_ludic_grpo_step_on_the_in_process_vllm_engine():
     """Part (a)'s Ludic side as ``--gpu`` runs it, on vLLM's CPU build: the trainer samples from a
     ``VLLMEngineClient`` and pushes its LoRA adapter into it after every step."""
-    pytest.importorskip("vllm")
+    require("vllm")
     from benchmarks.bench_grpo_vs_trl import bench_ludic
     from ludic.inference.models import packaged_model_dir, resolve_dtype
 

@@ -3,6 +3,7 @@
 import random
 
 import pytest
+from conftest import require
 
 from ludic.rollouts.curriculum import Curriculum, Stage
 
@@ -33,7 +34,7 @@ def test_progression_replay_and_state():
 
 
 def test_games_ladder_reaches_the_env():
-    pytest.importorskip("pyspiel")
+    require("pyspiel")
     from ludic.recipes.games import GameRequests, TrainGamesConfig
 
     cfg = TrainGamesConfig(games="liars_dice", curriculum=True, episodes_per_update=4)

@@ -2,6 +2,7 @@ import json
 from dataclasses import dataclass
 
 import pytest
+from conftest import require
 
 from ludic.config import field_docs, parse_config
 from ludic.training.loggers import JsonlLogger, MultiLogger, make_logger
@@ -33,7 +34,7 @@ def test_failing_sink_is_dropped(tmp_path, capsys):
 
 
 def test_make_logger_with_offline_wandb_and_tensorboard(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    require("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     lg = make_logger("rich,wandb,tensorboard", tmp_path, {"lr": 1e-4}, total_steps=2)

@@ -9,8 +9,9 @@ import threading
 import time
 
 import pytest
+from conftest import require
 
-tinker = pytest.importorskip("tinker")
+tinker = require("tinker")
 
 from ludic.training.tinker import saw_to_datum  # noqa: E402
 from ludic.types import SAWItem  # noqa: E402

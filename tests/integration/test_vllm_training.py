@@ -3,9 +3,10 @@
 import json
 
 import pytest
+from conftest import require
 
 pytestmark = pytest.mark.integration
-pytest.importorskip("vllm", reason="vLLM is not installed")
+require("vllm")
 
 from ludic.recipes.tictactoe import EvalTicTacToeConfig, TrainTicTacToeConfig, evaluate, train  # noqa: E402
 

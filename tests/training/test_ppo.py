@@ -4,6 +4,7 @@ tiny model on an OpenSpiel game (value pass, value loss, adaptive KL, checkpoint
 import asyncio
 
 import pytest
+from conftest import require
 import torch
 
 from ludic.rollouts.batch import build_saw_items
@@ -138,7 +139,7 @@ def test_clipped_value_loss_by_hand():
 
 
 def test_ppo_steps_on_kuhn_poker_train_the_value_head_and_adapt_kl(tiny_model_dir, tmp_path):
-    pytest.importorskip("pyspiel")
+    require("pyspiel")
     from ludic.agents.agent import Agent
     from ludic.context import make_context
     from ludic.inference.client import SamplingParams
@@ -186,7 +187,7 @@ def test_ppo_steps_on_kuhn_poker_train_the_value_head_and_adapt_kl(tiny_model_di
 
 
 def test_train_games_logs_a_nash_conv_curve_and_eval_games_reports_intervals(tiny_model_dir, tmp_path):
-    pytest.importorskip("pyspiel")
+    require("pyspiel")
     from ludic.recipes.games import EvalGamesConfig, TrainGamesConfig, eval_games, train_games
 
     out = train_games(TrainGamesConfig(model=str(tiny_model_dir), games="kuhn_poker", train_steps=2, eval_every=1,
@@ -204,7 +205,7 @@ def test_train_games_logs_a_nash_conv_curve_and_eval_games_reports_intervals(tin
 
 
 def test_train_games_with_the_mmd_step_needs_no_critic_and_logs_its_targets(tiny_model_dir, tmp_path):
-    pytest.importorskip("pyspiel")
+    require("pyspiel")
     from ludic.recipes.games import TrainGamesConfig, train_games
 
     cfg = TrainGamesConfig(model=str(tiny_model_dir), games="kuhn_poker", opponent="self", algorithm="mmd",
@@ -220,7 +221,7 @@ def test_train_games_with_the_mmd_step_needs_no_critic_and_logs_its_targets(tiny
 
 def test_exploitability_reads_the_prompt_the_agent_is_sampled_from(tiny_model_dir):
     """The policy table must score the exact prompt the trained agent sees (ctx last)."""
-    pytest.importorskip("pyspiel")
+    require("pyspiel")
     from ludic.data.offline import sft_item
     from ludic.envs.openspiel import OpenSpielEnv
     from ludic.eval.games import turn_messages
@@ -267,7 +268,7 @@ def test_the_original_json_configs_map_onto_flags_with_warnings_and_unknown_fiel
 
 
 def test_train_games_against_a_league_of_frozen_snapshots(tiny_model_dir, tmp_path):
-    pytest.importorskip("pyspiel")
+    require("pyspiel")
     import json
 
     from ludic.recipes.games import TrainGamesConfig, train_games
@@ -290,7 +291,7 @@ def test_train_games_against_a_league_of_frozen_snapshots(tiny_model_dir, tmp_pa
 def test_format_demos_answer_a_uniform_legal_id_through_the_real_agent_prompt(tiny_model_dir):
     """The format cold start teaches bare legal ids on exactly the prompts PPO samples from, and no game:
     each legal id about equally often."""
-    pytest.importorskip("pyspiel")
+    require("pyspiel")
     from collections import Counter
 
     from ludic.data.offline import sft_item
@@ -328,7 +329,7 @@ def _kuhn_openings():
 
 
 def test_train_games_format_demos_merge_into_the_ppo_start_and_are_not_rerun_on_resume(tiny_model_dir, tmp_path):
-    pytest.importorskip("pyspiel")
+    require("pyspiel")
     from ludic.recipes.games import TrainGamesConfig, train_games
 
     run = tmp_path / "fmt"
