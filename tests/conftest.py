@@ -33,6 +33,22 @@ def require(module: str, why: str = "") -> Any:
         pytest.skip(msg, allow_module_level=True)
 
 
+def python_nash_conv(game: Any, table: dict) -> float:
+    """NashConv of a Ludic policy table (info state -> [(action, prob)]) by OpenSpiel's Python
+    implementation (best responses by tree walk): an independent check of ``eval.games.nash_conv``,
+    which calls the C++ one."""
+    from open_spiel.python import policy as os_policy
+    from open_spiel.python.algorithms import exploitability
+
+    pol = os_policy.TabularPolicy(game)
+    for key, dist in table.items():
+        probs = pol.policy_for_key(key)
+        probs[:] = 0.0
+        for a, p in dist:
+            probs[int(a)] = p
+    return float(exploitability.nash_conv(game, pol))
+
+
 class VowelEnv(SingleAgentEnv):
     """One-step env whose reward varies across a random model's samples: share of vowels."""
 

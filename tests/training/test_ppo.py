@@ -1,10 +1,11 @@
 """PPO with a value head: GAE by hand, the clipped value loss by hand, and real PPO steps of the
 tiny model on an OpenSpiel game (value pass, value loss, adaptive KL, checkpoint round trip)."""
 
+import math
 import asyncio
 
 import pytest
-from conftest import require
+from conftest import python_nash_conv, require
 import torch
 
 from ludic.rollouts.batch import build_saw_items
@@ -186,6 +187,22 @@ def test_ppo_steps_on_kuhn_poker_train_the_value_head_and_adapt_kl(tiny_model_di
     assert trainer.algorithm.loss.kl_coef == pytest.approx(m["kl_coef"])
 
 
+def _assert_curve_is_the_logged_policies(out, run_dir):
+    """Each point of the NashConv curve is the exact NashConv (OpenSpiel's Python best responses, an
+    independent implementation) of the policy table logged at that step; returns the tables by step."""
+    import json
+
+    import pyspiel
+
+    game = pyspiel.load_game("kuhn_poker")
+    logged = [json.loads(x) for x in (run_dir / "policy_tables.jsonl").read_text().splitlines()]
+    tables = {rec["step"]: rec["tables"]["kuhn_poker"] for rec in logged}
+    for point in out["exploitability"]:
+        want = python_nash_conv(game, tables[point["step"]])
+        assert point["nash_conv/kuhn_poker"] == pytest.approx(want, abs=1e-6), point
+    return tables
+
+
 def test_train_games_logs_a_nash_conv_curve_and_eval_games_reports_intervals(tiny_model_dir, tmp_path):
     require("pyspiel")
     from ludic.recipes.games import EvalGamesConfig, TrainGamesConfig, eval_games, train_games
@@ -194,14 +211,21 @@ def test_train_games_logs_a_nash_conv_curve_and_eval_games_reports_intervals(tin
                                        episodes_per_update=4, run_dir=str(tmp_path / "run"), logger="none",
                                        dtype="float32"))
     assert [p["step"] for p in out["exploitability"]] == [0, 1, 2]
-    assert all(0.0 <= p["nash_conv/kuhn_poker"] <= 4.0 for p in out["exploitability"])
+    _assert_curve_is_the_logged_policies(out, tmp_path / "run")
     assert "value_loss" in out and "score" in out and "kuhn_poker/invalid_answer_rate" in out
     assert (tmp_path / "run" / "checkpoints" / "latest.json").exists()
     res = eval_games(EvalGamesConfig(model=str(tiny_model_dir), games="kuhn_poker,tic_tac_toe", episodes=4,
                                      exploitability=True, dtype="float32"))
     kuhn, ttt = res["kuhn_poker"], res["tic_tac_toe"]
     assert kuhn["episodes"] == 4 and 0 <= kuhn["success_rate_ci95"][0] <= kuhn["success_rate_ci95"][1] <= 1
-    assert 0.0 <= kuhn["nash_conv"] <= 4.0 and ttt["states"] == 4520
+    from ludic.envs.openspiel import OpenSpielEnv
+    from ludic.eval.games import policy_table
+    from ludic.training.lora import load_policy
+
+    model, tok = load_policy(str(tiny_model_dir), dtype="float32")  # the evaluated model, its table by hand
+    env = OpenSpielEnv(game="kuhn_poker")
+    assert kuhn["nash_conv"] == pytest.approx(python_nash_conv(env.game, policy_table(env, model, tok)), abs=1e-6)
+    assert ttt["states"] == 4520
 
 
 def test_train_games_with_the_mmd_step_needs_no_critic_and_logs_its_targets(tiny_model_dir, tmp_path):
@@ -213,7 +237,10 @@ def test_train_games_with_the_mmd_step_needs_no_critic_and_logs_its_targets(tiny
                            kl_coef=0.0, run_dir=str(tmp_path / "run"), logger="none", dtype="float32")
     out = train_games(cfg)
     assert [p["step"] for p in out["exploitability"]] == [0, 1, 2]
-    assert "value_loss" not in out and 0.0 <= out["mmd_state_share"] <= 1.0
+    tables = _assert_curve_is_the_logged_policies(out, tmp_path / "run")
+    assert tables[2] != tables[0], "two MMD steps did not move the policy"
+    # a state visited with both actions gets a target: the last batch had some, and they were not uniform
+    assert "value_loss" not in out and out["mmd_state_share"] > 0 and out["mmd_target_entropy"] < math.log(2)
     assert out["num_items_filtered"] > 0  # zero-weight turns (one per state and action is kept) are not trained
     with pytest.raises(ValueError, match="--algorithm"):
         train_games(TrainGamesConfig(model=str(tiny_model_dir), algorithm="grpo", run_dir=str(tmp_path / "x")))
