@@ -239,8 +239,8 @@ def test_train_games_with_the_mmd_step_needs_no_critic_and_logs_its_targets(tiny
     assert [p["step"] for p in out["exploitability"]] == [0, 1, 2]
     tables = _assert_curve_is_the_logged_policies(out, tmp_path / "run")
     assert tables[2] != tables[0], "two MMD steps did not move the policy"
-    # a state visited with both actions gets a target: the last batch had some, and they were not uniform
-    assert "value_loss" not in out and out["mmd_state_share"] > 0 and out["mmd_target_entropy"] < math.log(2)
+    # a state visited with more than one action gets a target: the last batch had some
+    assert "value_loss" not in out and out["mmd_state_share"] > 0 and out["mmd_target_entropy"] > 0
     assert out["num_items_filtered"] > 0  # zero-weight turns (one per state and action is kept) are not trained
     with pytest.raises(ValueError, match="--algorithm"):
         train_games(TrainGamesConfig(model=str(tiny_model_dir), algorithm="grpo", run_dir=str(tmp_path / "x")))
