@@ -97,6 +97,9 @@ def audit(streams: PipelineStreams, run_dir: Path, actors_root: Path, malformed:
     for i in produced_set - logged - malformed:  # pushed by an actor killed before its log line
         _, fields = streams.redis.xrange(streams.samples, min=i, max=i)[0]
         assert decode_item(fields).meta["actor"] == "a0"
+    print(f"[audit] produced {len(produced_set)} = trained {len(ledger['trained'])} + stale {len(ledger['stale'])} + "
+          f"malformed {len(ledger['malformed'])} + pending {len(pending)} + undelivered {len(undelivered)}; "
+          f"trained twice: {len(trained_list) - len(set(trained_list))}")
     return {"produced": produced_set, "trained": ledger["trained"], "stale": ledger["stale"], "pending": pending,
             "undelivered": undelivered}
 
