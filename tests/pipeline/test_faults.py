@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -150,26 +151,44 @@ def test_actor_kill_9_mid_run_and_a_malformed_entry(redis_server, tiny_model_dir
     assert restarted and all(min(ln["versions"]) >= killed_at for ln in restarted), lines
 
 
+def crash_and_resume(cfg: TrainTicTacToeConfig, tmp_path: Path, fault_step: int, at_crash=None,
+                     env: dict[str, str] | None = None) -> tuple[str, Any]:
+    """One actor; a learner that dies (os._exit, exit 86) writing step ``fault_step``'s checkpoint, with
+    ``env`` (more fault hooks); ``at_crash()`` (checks on the state the crash left; its result is
+    returned); a second learner that resumes and finishes with exit 0, the actor still alive. Returns
+    the learner log and what ``at_crash`` returned."""
+    actor = spawn_actor(cfg, "a0", tmp_path / "actors" / "a0")
+    try:
+        first = spawn_learner(cfg, env={"LUDIC_FAULT_AT": "tmp_written", "LUDIC_FAULT_STEP": str(fault_step),
+                                        **(env or {})})
+        first.wait(timeout=400)
+        assert first.returncode == 86, (Path(cfg.run_dir) / "learner.log").read_text()[-3000:]
+        seen = at_crash() if at_crash is not None else None
+        second = spawn_learner(cfg)
+        second.wait(timeout=400)
+        assert actor.poll() is None, "the actor exited"
+    finally:
+        actor.kill()
+    log = (Path(cfg.run_dir) / "learner.log").read_text()
+    assert second.returncode == 0, log[-3000:]
+    return log, seen
+
+
 def test_learner_kill_9_between_step_and_checkpoint(redis_server, tiny_model_dir, tmp_path):
     """The learner dies (kill -9 equivalent: os._exit) after step 4's optimizer step, with the
     checkpoint half written. Restarted, it resumes at step 2; the entries of steps 3-4 come back
     from the pending list; nothing acknowledged is trained twice, nothing is lost."""
     cfg = config(tiny_model_dir, redis_server.url, tmp_path / "learner", steps=6)
     streams = PipelineStreams(redis_server.url, prefix="f")
-    actor = spawn_actor(cfg, "a0", tmp_path / "actors" / "a0")
-    try:
-        first = spawn_learner(cfg, env={"LUDIC_FAULT_AT": "tmp_written", "LUDIC_FAULT_STEP": "4"})
-        first.wait(timeout=400)
-        assert first.returncode == 86, (Path(cfg.run_dir) / "learner.log").read_text()[-3000:]
+
+    def at_crash():
         assert ledger_commits(Path(cfg.run_dir)) == 1  # step 2's checkpoint
-        pending_after_crash = set(streams.pending_ids())
-        assert len(pending_after_crash) >= 8  # steps 3 and 4 were read, trained, never checkpointed
-        second = spawn_learner(cfg)
-        second.wait(timeout=400)
-    finally:
-        actor.kill()
-    log = (Path(cfg.run_dir) / "learner.log").read_text()
-    assert second.returncode == 0 and "resumed from step 2" in log, log[-3000:]
+        pending = set(streams.pending_ids())
+        assert len(pending) >= 8  # steps 3 and 4 were read, trained, never checkpointed
+        return pending
+
+    log, pending_after_crash = crash_and_resume(cfg, tmp_path, 4, at_crash)
+    assert "resumed from step 2" in log, log[-3000:]
     sets = audit(streams, Path(cfg.run_dir), tmp_path / "actors", set())
     assert pending_after_crash <= sets["trained"] | sets["stale"]  # every one came back and was used
     assert len(sets["trained"]) == 6 * 4
@@ -187,20 +206,13 @@ def test_learner_resumed_from_further_back_than_the_kept_weights(redis_server, t
     cfg = config(tiny_model_dir, redis_server.url, tmp_path / "learner", steps=12)
     cfg = replace(cfg, batch_timeout_s=120, trainer=replace(cfg.trainer, checkpoint_every=5, max_lag=None))
     streams = PipelineStreams(redis_server.url, prefix="f")
-    actor = spawn_actor(cfg, "a0", tmp_path / "actors" / "a0")
-    try:
-        first = spawn_learner(cfg, env={"LUDIC_FAULT_AT": "tmp_written", "LUDIC_FAULT_STEP": "10"})
-        first.wait(timeout=400)
-        assert first.returncode == 86, (Path(cfg.run_dir) / "learner.log").read_text()[-3000:]
-        dead = streams.latest_weights()[0]
-        assert dead == 10 and ledger_commits(Path(cfg.run_dir)) == 1
-        second = spawn_learner(cfg)
-        second.wait(timeout=400)
-        assert actor.poll() is None, "the actor exited"
-    finally:
-        actor.kill()
-    log = (Path(cfg.run_dir) / "learner.log").read_text()
-    assert second.returncode == 0 and "resumed from step 5" in log, log[-3000:]
+
+    def at_crash():
+        assert ledger_commits(Path(cfg.run_dir)) == 1
+        return streams.latest_weights()[0]
+
+    log, dead = crash_and_resume(cfg, tmp_path, 10, at_crash)
+    assert dead == 10 and "resumed from step 5" in log, log[-3000:]
     versions = [json.loads(x)["policy_version"] for x in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()
                 if '"policy_version"' in x]
     assert versions[-7:] == list(range(dead + 2, dead + 9))  # steps 6-12 of the resumed run: 12..18, none reused
@@ -219,20 +231,13 @@ def test_a_lost_xack_of_an_earlier_checkpoint_trains_nothing_twice(redis_server,
     cfg = config(tiny_model_dir, redis_server.url, tmp_path / "learner", steps=8)
     cfg = replace(cfg, trainer=replace(cfg.trainer, max_lag=None))
     streams = PipelineStreams(redis_server.url, prefix="f")
-    actor = spawn_actor(cfg, "a0", tmp_path / "actors" / "a0")
-    try:
-        first = spawn_learner(cfg, env={"LUDIC_FAULT_AT": "tmp_written", "LUDIC_FAULT_STEP": "6",
-                                        "LUDIC_FAULT_DROP_ACK": "1"})
-        first.wait(timeout=400)
-        assert first.returncode == 86, (Path(cfg.run_dir) / "learner.log").read_text()[-3000:]
+
+    def at_crash():
         ledger = read_ledger(Path(cfg.run_dir) / "checkpoints" / "pipeline_ledger.jsonl")
         assert ledger["trained"] & set(streams.pending_ids()), "the fault hook dropped no XACK"
-        second = spawn_learner(cfg)
-        second.wait(timeout=400)
-    finally:
-        actor.kill()
-    log = (Path(cfg.run_dir) / "learner.log").read_text()
-    assert second.returncode == 0 and "resumed from step 4" in log, log[-3000:]
+
+    log, _ = crash_and_resume(cfg, tmp_path, 6, at_crash, env={"LUDIC_FAULT_DROP_ACK": "1"})
+    assert "resumed from step 4" in log, log[-3000:]
     sets = audit(streams, Path(cfg.run_dir), tmp_path / "actors", set())  # asserts no id trained twice
     assert len(sets["trained"]) == 8 * 4
 
