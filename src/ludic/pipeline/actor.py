@@ -291,16 +291,22 @@ class Actor:
                 await self.follower.catch_up()  # the newest announced weights sample this batch
                 batch = await self.source.next_batch()
                 items = [replace(it, meta={**it.meta, "actor": self.actor_id}) for it in batch.items]
-                ids = await asyncio.to_thread(self.writer.push, items, wait=False)
+                ids = await asyncio.to_thread(self._push_and_log, items)
                 self.pushed += len(ids)
-                if self.log_path is not None:
-                    with open(self.log_path, "a") as f:
-                        f.write(json.dumps({"actor": self.actor_id, "ids": ids, "t": time.time(),
-                                            "versions": [it.min_policy_version for it in items]}) + "\n")
                 n += 1
             return self.pushed
         finally:
             follow.cancel()
+
+    def _push_and_log(self, items: list[Any]) -> list[str]:
+        """Push and write the log line in one worker-thread call: an actor cancelled while it pushes
+        (``ActorThread.stop``) still logs what reached Redis, so the audit finds every id logged."""
+        ids = self.writer.push(items, wait=False)
+        if self.log_path is not None:
+            with open(self.log_path, "a") as f:
+                f.write(json.dumps({"actor": self.actor_id, "ids": ids, "t": time.time(),
+                                    "versions": [it.min_policy_version for it in items]}) + "\n")
+        return ids
 
 
 class ActorThread:
@@ -342,6 +348,7 @@ class ActorThread:
                 if rest:
                     loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
                 loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(loop.shutdown_default_executor())  # a push in flight finishes, logged
             finally:
                 asyncio.set_event_loop(None)
                 loop.close()
