@@ -375,3 +375,35 @@ def test_the_pipeline_learner_refuses_several_ranks(streams, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="one learner process"):
         make_learner(None, None, None, None, streams, "/nonexistent", batch_size=4)
+
+
+def test_an_in_process_actor_waiting_for_room_stops_when_asked(streams):
+    """``ActorThread.stop`` ends an actor that waits for the learner to make room (the learner has
+    finished, so room never comes): the wait gives up on cancel instead of holding the executor
+    shutdown, and the process, forever (it hung ``--overlap`` at its end)."""
+    import time
+
+    from ludic.pipeline.actor import Actor, ActorThread
+    from ludic.types import SAWBatch
+
+    class Engine:  # test double: only the version and the swap hook matter here
+        policy_version = 0
+
+        async def swap_weights(self, load, version):
+            load()
+
+    class Source:
+        async def next_batch(self):
+            return SAWBatch(items=[item(0)])
+
+    streams.announce_weights(0, {"kind": "server"})
+    actor = Actor(streams, Source(), Engine(), model=object(), max_unread=2)
+    thread = ActorThread(lambda: actor.run(first_weights_timeout_s=5)).start()
+    deadline = time.time() + 20
+    while streams.unread() < 2 and time.time() < deadline:  # full: the actor now waits for room
+        time.sleep(0.05)
+    assert streams.unread() == 2
+    time.sleep(0.3)
+    t0 = time.time()
+    thread.stop(timeout_s=10)
+    assert time.time() - t0 < 10 and actor.pushed == 2
