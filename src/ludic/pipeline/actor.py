@@ -264,6 +264,7 @@ class Actor:
         self.pushed = 0
         self.status = ActorStatus(streams, self.actor_id)
         """This actor's heartbeat in Redis (what a waiting learner reports)."""
+        self._stopped = threading.Event()  # set when run() ends: a wait for room in a worker thread gives up
 
     async def run(self, batches: int | None = None, first_weights_timeout_s: float | None = 600.0) -> int:
         """Push ``batches`` batches (None: until cancelled); returns the items pushed. Its heartbeat
@@ -276,6 +277,7 @@ class Actor:
             raise
 
     async def _run(self, batches: int | None, first_weights_timeout_s: float | None) -> int:
+        self._stopped.clear()
         await asyncio.to_thread(self.status.beat, pushed=0)
         await self.follower.wait_first(first_weights_timeout_s)
         follow = asyncio.create_task(self.follower.run())
@@ -287,7 +289,7 @@ class Actor:
                     raise RuntimeError("the weight follower stopped")
                 await asyncio.to_thread(self.status.beat, version=getattr(self.engine, "policy_version", None),
                                         pushed=self.pushed)
-                await asyncio.to_thread(self.writer.wait_for_room)
+                await asyncio.to_thread(self.writer.wait_for_room, stop=self._stopped)
                 await self.follower.catch_up()  # the newest announced weights sample this batch
                 batch = await self.source.next_batch()
                 items = [replace(it, meta={**it.meta, "actor": self.actor_id}) for it in batch.items]
@@ -296,6 +298,7 @@ class Actor:
                 n += 1
             return self.pushed
         finally:
+            self._stopped.set()
             follow.cancel()
 
     def _push_and_log(self, items: list[Any]) -> list[str]:

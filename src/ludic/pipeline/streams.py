@@ -26,6 +26,7 @@ Entries are ``ludic.pipeline.wire`` maps: JSON and raw numbers, never pickle.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -156,12 +157,15 @@ class SampleWriter:
         self.streams, self.max_unread, self.poll_s = streams, max_unread, poll_s
         self.waited_s = 0.0
 
-    def wait_for_room(self, timeout_s: float | None = None) -> bool:
-        """Block while the learner is more than ``max_unread`` entries behind; False on timeout."""
+    def wait_for_room(self, timeout_s: float | None = None, stop: threading.Event | None = None) -> bool:
+        """Block while the learner is more than ``max_unread`` entries behind; False on timeout or
+        once ``stop`` is set (an actor cancelled while it waits in a worker thread sets it)."""
         t0 = time.perf_counter()
         try:
             while self.streams.unread() >= self.max_unread:
                 if timeout_s is not None and time.perf_counter() - t0 > timeout_s:
+                    return False
+                if stop is not None and stop.is_set():
                     return False
                 time.sleep(self.poll_s)
             return True
