@@ -374,3 +374,29 @@ def test_train_games_format_demos_merge_into_the_ppo_start_and_are_not_rerun_on_
     assert (run / "format_sft" / "model.safetensors").stat().st_mtime_ns == stamp
     train_games(TrainGamesConfig(**{**cfg, "resume": False, "train_steps": 0}))  # a fresh run in the same folder
     assert (run / "format_sft" / "model.safetensors").stat().st_mtime_ns != stamp
+
+
+def test_mmd_loss_weighs_a_turn_by_its_target_alone_not_by_its_episode_share():
+    """MMD's per-state targets are already balanced: a turn's loss weight is q(a|s), whether it was
+    drawn from a one-turn or a two-turn episode. Per-turn items carry ``episode_share = 1/n``, and
+    the "sum" aggregation used to multiply it in, halving q for every turn of a two-turn episode.
+    Checked at the loss, through the trainer's own collate and objective inputs."""
+    from ludic.training.algorithms import make_mmd
+    from ludic.training.batching import collate
+    from ludic.training.losses import LossInputs, compute_loss
+    from ludic.types import SAWItem
+
+    q = 0.6
+    items = [SAWItem(prompt_ids=(1, 2), completion_ids=(5, 6), weight=q, episode_share=1.0),  # one-turn episode
+             SAWItem(prompt_ids=(1, 3), completion_ids=(7, 8), weight=q, episode_share=0.5),  # turn 1 of 2
+             SAWItem(prompt_ids=(1, 3, 7, 8, 4), completion_ids=(9, 9), weight=0.0, episode_share=0.5)]  # turn 2
+    mb = collate(items, pad_id=0)
+    logp = torch.full((mb.seg.numel(),), -1.0, requires_grad=True)
+    inp = LossInputs(logp=logp, adv=mb.adv, seg=mb.seg, total_tokens=6.0,
+                     total_segments=sum(it.episode_share for it in items), seg_weight=mb.seg_weight)
+    loss, _ = compute_loss(inp, make_mmd().loss)
+    loss.backward()
+    g = logp.grad
+    per_item = [g[mb.seg == i].sum().item() for i in range(3)]
+    assert per_item[0] == pytest.approx(per_item[1]) and per_item[0] < 0, per_item  # same q, same pull
+    assert per_item[2] == 0.0
