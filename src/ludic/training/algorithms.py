@@ -95,8 +95,10 @@ def make_mmd(eta: float = 10.0, alpha: float = 0.05, *, gamma: float = 1.0, **lo
     """Magnetic mirror descent on information states (``MMDTarget``): each visited state's turns are
     weighted by the target q(a|s), and the loss is their weighted NLL (the cross-entropy to q, one
     balanced term per state). Needs no critic; zero-weight turns are dropped. Items must be one per
-    turn (``merge_turns=False``)."""
-    return Algorithm("mmd", MMDTarget(eta, alpha, gamma), _loss("sft", {"aggregation": "sum", **loss}), drop_zero_weight)
+    turn (``merge_turns=False``); each counts with its weight q alone, not scaled by its share of
+    its episode (``episode_weighted=False``)."""
+    cfg = _loss("sft", {"aggregation": "sum", "episode_weighted": False, **loss})
+    return Algorithm("mmd", MMDTarget(eta, alpha, gamma), cfg, drop_zero_weight)
 
 
 def make_sft(**loss: Any) -> Algorithm:

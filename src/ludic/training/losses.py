@@ -29,7 +29,9 @@ A segment may carry per-token advantages (``token_adv``: a merged multi-turn
 episode, where each turn's tokens carry that turn's credit); then A_t =
 token_adv[t]. Each segment has a weight c_i (``seg_weight``, default 1): its
 share of its episode, so that an episode split into n per-turn segments
-(c_i = 1/n) counts once, like a merged or single-turn episode.
+(c_i = 1/n) counts once, like a merged or single-turn episode. Weights that
+are already balanced per turn (MMD's per-state targets) set
+``LossConfig.episode_weighted=False``, and c_i is not applied.
 
 Aggregation of a per-token quantity x_t (all normalisers are for the WHOLE
 optimizer batch: T = total_tokens, G = total_segments = sum_i c_i (episodes),
@@ -191,6 +193,11 @@ class LossConfig:
     value_clip: float | None = 0.2
     """Value clip: V is also scored as value_old + clamp(V - value_old, -c, c), and the larger
     error counts (PPO's clipped value loss); None: plain squared error."""
+    episode_weighted: bool = True
+    """Weigh each segment by its share of its episode (``seg_weight``, c_i = 1/n for the n per-turn
+    items of an episode), so an episode counts once however it is split. False: every segment counts
+    fully, for per-turn weights that are already balanced (MMD's per-state targets q(a|s)); the
+    normaliser G stays the number of episodes."""
 
     def __post_init__(self) -> None:
         if self.kind not in LOSS_KINDS:
@@ -270,16 +277,17 @@ def segment_mean(values: Tensor, seg: Tensor, num_segments: int) -> Tensor:
     return sums / counts.clamp(min=1)
 
 
-def aggregate(per_token: Tensor, inp: LossInputs, mode: str) -> Tensor:
+def aggregate(per_token: Tensor, inp: LossInputs, mode: str, episode_weighted: bool = True) -> Tensor:
     """Reduce a per-token quantity [N] to this micro-batch's scalar share of the batch value.
 
     See the module docstring for the four modes; all divide by whole-batch
     counts taken from ``inp``, so the shares of all micro-batches sum to the
-    full-batch aggregate.
+    full-batch aggregate. ``episode_weighted=False`` drops the c_i factor
+    (``LossConfig.episode_weighted``).
     """
     if mode == "token":
         return per_token.sum() / inp.total_tokens
-    c = inp.seg_weight
+    c = inp.seg_weight if episode_weighted else None
     if mode == "sequence":
         per_seg = segment_mean(per_token, inp.seg, inp.num_segments)
         return (per_seg if c is None else per_seg * c.to(per_seg.dtype)).sum() / inp.total_segments
@@ -424,7 +432,7 @@ def compute_loss(inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Te
 
     if w_is is not None:
         obj = w_is * obj
-    policy_loss = aggregate(obj, inp, cfg.aggregation)
+    policy_loss = aggregate(obj, inp, cfg.aggregation, cfg.episode_weighted)
     loss = policy_loss
     stats: dict[str, Tensor] = {
         "policy_loss": policy_loss.detach(),
@@ -443,14 +451,14 @@ def compute_loss(inp: LossInputs, cfg: LossConfig) -> tuple[Tensor, dict[str, Te
         kl = kl_estimate(logp, inp.ref_logp.to(dtype), cfg.kl_estimator)
         stats["kl"] = _mean(kl)
         if cfg.kl_coef > 0:
-            kl_loss = cfg.kl_coef * aggregate(kl, inp, cfg.aggregation)
+            kl_loss = cfg.kl_coef * aggregate(kl, inp, cfg.aggregation, cfg.episode_weighted)
             loss = loss + kl_loss
             stats["kl_loss"] = kl_loss.detach()
     if inp.entropy is not None:
         ent = inp.entropy.to(dtype)
         stats["entropy"] = _mean(ent)
         if cfg.entropy_coef != 0:
-            ent_loss = -cfg.entropy_coef * aggregate(ent, inp, cfg.aggregation)
+            ent_loss = -cfg.entropy_coef * aggregate(ent, inp, cfg.aggregation, cfg.episode_weighted)
             loss = loss + ent_loss
             stats["entropy_loss"] = ent_loss.detach()
 
