@@ -62,6 +62,20 @@ class VowelEnv(SingleAgentEnv):
 register_env("test_vowels", VowelEnv)
 
 
+class NeverRewardedEnv(SingleAgentEnv):
+    """One-step env that asks for a tag the model never writes: every answer scores 0, so every
+    GRPO group has zero variance (the silent non-learning a newcomer met)."""
+
+    def env_reset(self, seed=None):
+        return "Answer inside <guess></guess>.", {}
+
+    def env_step(self, action):
+        return StepOutcome("done", 1.0 if "<guess>" in action else 0.0, terminated=True)
+
+
+register_env("test_never_rewarded", NeverRewardedEnv)
+
+
 @pytest.fixture(scope="session")
 def packaged_dir():
     return packaged_model_dir()
@@ -121,7 +135,7 @@ def scripted():
     return ScriptedClient
 
 
-def vowel_grpo_trainer(model_dir, run_dir, trainer_cfg, *, max_tokens=8, strategy_seed=0):
+def vowel_grpo_trainer(model_dir, run_dir, trainer_cfg, *, max_tokens=8, strategy_seed=0, env="test_vowels"):
     """(model, engine, trainer): GRPO + LoRA r4 on the tiny model, 2 groups of 4 VowelEnv episodes per step,
     sampled by the in-process engine, rollouts logged to run_dir/rollouts.jsonl, checkpoints in run_dir/ckpt."""
     from ludic.agents.agent import Agent
@@ -148,7 +162,7 @@ def vowel_grpo_trainer(model_dir, run_dir, trainer_cfg, *, max_tokens=8, strateg
     algo = make_algorithm("grpo")
     source = RolloutBatchSource(
         RolloutEngine({"single_agent": factory}, concurrency=16, jsonl_path=run_dir / "rollouts.jsonl"),
-        lambda: [RolloutRequest(EnvSpec("test_vowels"), max_steps=1)] * 2, algo.credit,
+        lambda: [RolloutRequest(EnvSpec(env), max_steps=1)] * 2, algo.credit,
         strategy=GRPORequestStrategy(4, seed=strategy_seed),
     )
     trainer = Trainer(model, algo, source, trainer_cfg, publisher=InProcessPublisher(engine),

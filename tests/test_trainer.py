@@ -264,3 +264,24 @@ def test_non_finite_steps_are_skipped_counted_and_stop_the_run(tiny_model_dir):
     asyncio.run(trainer.train_step())
     with pytest.raises(RuntimeError, match=r"2 optimizer steps in a row had a non-finite loss or gradient norm"):
         asyncio.run(trainer.train_step())
+
+
+def test_no_silent_non_learning(tiny_model_dir, tmp_path):
+    """GRPO on an env whose reward never varies (a format the model never writes): every step logs
+    the share of zero-variance groups and of zero-advantage tokens, and ``max_no_signal_steps`` such
+    steps in a row stop the run with an error that names the likely causes and the format cold start.
+    A varying reward logs shares below 1 and does not stop."""
+    _, _, trainer = vowel_grpo_trainer(tiny_model_dir, tmp_path / "never", TrainerConfig(lr=1e-3, max_no_signal_steps=3),
+                                       env="test_never_rewarded")
+    history = []
+    with pytest.raises(RuntimeError, match=r"(?s)3 steps in a row.*zero variance.*never produces.*format cold start"):
+        asyncio.run(trainer.train(10, lambda step, m: history.append(m)))
+    assert len(history) == 2 and trainer.step == 3
+    for m in history:
+        assert m["zero_var_group_share"] == 1.0 and m["zero_adv_token_share"] == 1.0 and m["no_signal_streak"] >= 1
+
+    _, _, trainer = vowel_grpo_trainer(tiny_model_dir, tmp_path / "vowels", TrainerConfig(lr=1e-3, max_no_signal_steps=1))
+    history = []
+    asyncio.run(trainer.train(2, lambda step, m: history.append(m)))
+    assert all(m["zero_adv_token_share"] < 1.0 and m["no_signal_streak"] == 0 for m in history)
+    assert all(0.0 <= m["zero_var_group_share"] < 1.0 for m in history)
