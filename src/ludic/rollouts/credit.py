@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
 from ludic.types import Rollout, Step
@@ -78,10 +78,10 @@ def group_advantages(returns: Sequence[float], mode: str = "mean", eps: float = 
 
     mode: "mean" (R - mean), "mean_std" ((R - mean) / (std + eps), population std),
     or "loo" (leave-one-out baseline: R_i - mean_{j != i} R_j, as in RLOO).
-    A group of one has advantage 0.
+    A group of one, or of equal returns, has advantage exactly 0.
     """
     n = len(returns)
-    if n <= 1:
+    if n <= 1 or max(returns) == min(returns):  # exactly 0, not rounding noise / eps
         return [0.0] * n
     mean = sum(returns) / n
     if mode == "mean":
@@ -114,6 +114,9 @@ class GroupNormalizedReturn:
     mode: str = "mean_std"
     positive_only: bool = False
     eps: float = 1e-6
+    last_stats: dict = field(default_factory=dict, compare=False, repr=False)
+    """The last batch's ``zero_var_group_share`` (groups whose episodes all scored the same: their
+    advantages are 0, they teach nothing) and ``groups`` (the batch source logs them)."""
     needs_groups = True
     """Batch sources check this: rollouts must come in groups (GRPORequestStrategy)."""
 
@@ -129,12 +132,17 @@ class GroupNormalizedReturn:
                 )
             groups[(gid, r.meta.get("agent_id"))].append(r)
         out: dict[StepKey, float] = {}
+        flat = 0
         for members in groups.values():
-            advs = group_advantages([r.total_reward for r in members], self.mode, self.eps)
+            returns = [r.total_reward for r in members]
+            flat += max(returns) == min(returns)
+            advs = group_advantages(returns, self.mode, self.eps)
             for r, a in zip(members, advs):
                 a = max(a, 0.0) if self.positive_only else a
                 for s in r.steps:
                     out[(r.id, s.index)] = a
+        self.last_stats.clear()
+        self.last_stats.update(zero_var_group_share=flat / len(groups) if groups else 0.0, groups=len(groups))
         return out
 
 

@@ -48,6 +48,11 @@ class TrainerConfig:
     """Checkpoints kept on disk."""
     max_empty_steps: int = 5
     """Stop the run after this many batches in a row with no trainable item on any rank."""
+    max_no_signal_steps: int = 10
+    """Stop the run after this many steps in a row in which every trained token had advantage 0 (every
+    GRPO group had zero variance: a format the model never produces, a reward that never varies), with
+    an error naming the likely causes; 0: never stop. ``zero_var_group_share`` and
+    ``zero_adv_token_share`` are logged every step."""
     max_nonfinite_steps: int = 3
     """A step whose loss or gradient norm is not finite (NaN or inf: a NaN advantage, a reward that
     overflowed, a diverging policy) is skipped, weights and optimizer state unchanged, and counted;

@@ -175,6 +175,8 @@ class Trainer:
         """Batches in a row that had no trainable item on any rank."""
         self.nonfinite_streak = 0
         """Optimizer steps in a row skipped for a non-finite loss or gradient norm."""
+        self.no_signal_streak = 0
+        """Steps in a row in which every trained token had advantage 0 (``max_no_signal_steps``)."""
         self.nonfinite_total = 0
         self.started = False
         """Whether the starting weights were published (``publish_start``)."""
@@ -231,6 +233,7 @@ class Trainer:
         if self._global_sum(len(items)) == 0:
             return self._empty_step(metrics)
         self.empty_streak = 0
+        self._count_signal(items, metrics)
         metrics.update(self.optimize_batch(items))
         self._adapt_kl(metrics, len(items))
         self.scheduler.step()
@@ -244,7 +247,41 @@ class Trainer:
         metrics.update(step_s=time.perf_counter() - t0, policy_version=self.policy_version)
         if self.logger is not None:
             self.logger.log(self.step, metrics)
+        if self.cfg.max_no_signal_steps and self.no_signal_streak >= self.cfg.max_no_signal_steps:
+            raise RuntimeError(self._no_signal_message(metrics))
         return metrics
+
+    def _count_signal(self, items: list[SAWItem], metrics: dict[str, Any]) -> None:
+        """``zero_adv_token_share`` of the admitted action tokens (over all ranks), and the streak of
+        steps in which it was 1: nothing to learn from."""
+        zero = total = 0
+        for it in items:
+            mask = it.action_mask or (1,) * len(it.completion_ids)
+            weights = it.token_weights or (it.weight,) * len(it.completion_ids)
+            for m, w in zip(mask, weights):
+                if m:
+                    total += 1
+                    zero += w == 0.0
+        zero, total = self._global_sum(zero), self._global_sum(total)
+        share = zero / total if total else 1.0
+        self.no_signal_streak = self.no_signal_streak + 1 if share == 1.0 else 0
+        metrics.update(zero_adv_token_share=share, no_signal_streak=self.no_signal_streak)
+
+    def _no_signal_message(self, metrics: dict[str, Any]) -> str:
+        groups = metrics.get("zero_var_group_share")
+        why = (f"every group had zero variance (zero_var_group_share={groups:.2f}: all its episodes scored the "
+               "same), so" if groups is not None else "")
+        return (
+            f"{self.no_signal_streak} steps in a row had no learning signal: {why} every advantage was 0 and the "
+            "policy gradient was 0 (last batch: "
+            f"{ {k: metrics[k] for k in ('reward_mean', 'parse_error_rate', 'failed_rate') if k in metrics} }).\n"
+            "Likely causes: a format the model never produces (its replies never parse or never contain the "
+            "tag the reward looks for: read rollouts.jsonl), a reward that never varies on these prompts (too "
+            "hard: every episode fails; too easy: every one succeeds), or groups of one.\n"
+            "Fixes: a format cold start (a short SFT on example replies before RL: --format-demos, or "
+            "format_demos= in Python), an easier task or curriculum, a larger group or a higher temperature. "
+            "max_no_signal_steps sets this limit (0: never stop)."
+        )
 
     def _adapt_kl(self, metrics: dict[str, Any], n_items: int) -> None:
         """The adaptive KL controller (``TrainerConfig.kl_target``): move ``kl_coef`` toward the
