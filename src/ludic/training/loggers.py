@@ -55,8 +55,10 @@ class JsonlLogger:
 
 KEY_METRICS = (
     "loss", "reward_mean", "win_rate", "draw_rate", "loss_rate", "illegal_rate",
-    "parse_error_rate", "grad_norm", "lr", "step_s", "train_tokens_per_s", "episodes_per_s",
+    "parse_error_rate", "zero_var_group_share", "grad_norm", "lr", "step_s", "train_tokens_per_s", "episodes_per_s",
 )
+"""Shown on the console every step, with every ``env/*`` metric (an environment's own, e.g. its success
+rate) and every ``eval/*`` one."""
 
 
 class RichLogger:
@@ -79,7 +81,7 @@ class RichLogger:
         if "planned_steps" in vals:  # a time-budgeted stage learns its step count after calibrating
             self.progress.set_total(int(vals["planned_steps"]))
         shown = {k: vals[k] for k in self.keys if k in vals}
-        evals = {k: v for k, v in vals.items() if k.startswith("eval/")}
+        evals = {k: v for k, v in vals.items() if k.startswith(("env/", "eval/"))}
         bar = self.progress
         first, self._first = self._first, False
         if first:  # a resumed run starts mid-way: the ETA counts the steps run in this process
