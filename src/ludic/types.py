@@ -223,6 +223,10 @@ class EnvSpec:
     kwargs: JSON = field(default_factory=dict)
 
 
+DEFAULT_MAX_STEPS = 10
+"""Turn limit of a request that sets none, for an env that declares none (``LudicEnv.max_turns``)."""
+
+
 @dataclass(frozen=True)
 class RolloutRequest:
     """Intent for one episode: which env, which seeds, which group.
@@ -241,8 +245,9 @@ class RolloutRequest:
     """Seed for the model's sampling in this episode."""
     group_id: str | None = None
     """Requests sharing a group id are normalised together by group credit."""
-    max_steps: int = 10
-    """Turn limit for the protocol; hitting it truncates the episode."""
+    max_steps: int | None = None
+    """Turn limit for the protocol; hitting it truncates the episode. None: the env's own
+    ``max_turns``, else ``DEFAULT_MAX_STEPS``."""
     meta: JSON = field(default_factory=dict)
     """Free-form metadata copied into the rollout meta (curriculum stage, ...)."""
 

@@ -60,6 +60,10 @@ class LudicEnv(ABC):
         """Rules of the game, for agents that have no system prompt of their own."""
         return None
 
+    max_turns: int | None = None
+    """The env's own turn limit: a ``RolloutRequest`` with ``max_steps=None`` uses it (the one place a
+    turn limit lives); None: ``DEFAULT_MAX_STEPS``. Every model call counts as a turn."""
+
 
 class SingleAgentEnv(LudicEnv):
     """Gym-like convenience base: implement ``env_reset`` and ``env_step``."""

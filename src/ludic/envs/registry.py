@@ -3,10 +3,19 @@
 ``EnvSpec(kind, kwargs)`` builds ``ENVS[kind](**kwargs)``; built-in entries are
 given as ``"module:attr"`` strings and imported on first use (heavy optional
 dependencies such as pyspiel load only when their env is asked for).
+
+An env kind is one of (``ludic train env --env`` takes the same strings):
+
+    tictactoe, qa, my_env, ...   a registered name (``register_env``)
+    textarena:<game id>          a TextArena game (``ludic.envs.textarena_env``)
+    reasoning_gym:<dataset>      a reasoning-gym dataset (``ludic.envs.reasoning_gym_env``)
+    gem:<id> / gym:<id>          a GEM / Gymnasium text env (``ludic.envs.gym_text``)
+    package.module:factory       any importable callable that returns a ``LudicEnv``
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Callable, Generic, TypeVar
 
@@ -32,15 +41,52 @@ class Registry(Generic[T]):
             module, attr = self._builtins[name].split(":")
             self._table[name] = getattr(importlib.import_module(module), attr)
         if name not in self._table:
-            raise KeyError(f"unknown {self.what} {name!r}; registered: {self.names()}")
+            found = self._resolve(name)
+            if found is None:
+                raise KeyError(f"unknown {self.what} {name!r}; registered: {self.names()}")
+            self._table[name] = found
         return self._table[name]
+
+    def _resolve(self, name: str) -> T | None:
+        """A name the table does not hold: subclasses read prefixes and import paths here."""
+        return None
 
     def names(self) -> list[str]:
         return sorted(set(self._table) | set(self._builtins))
 
 
 EnvFactory = Callable[..., LudicEnv]
-ENVS: Registry[EnvFactory] = Registry("env kind", {
+
+ADAPTERS = {
+    "textarena": "ludic.envs.textarena_env:TextArenaEnv",
+    "reasoning_gym": "ludic.envs.reasoning_gym_env:ReasoningGymEnv",
+    "gem": "ludic.envs.gym_text:make_gem",
+    "gym": "ludic.envs.gym_text:make_gymnasium",
+}
+"""Spec prefix -> adapter factory; ``prefix:rest`` builds ``factory(rest, **kwargs)``."""
+
+
+class EnvRegistry(Registry[EnvFactory]):
+    """Env kinds: registered names, adapter prefixes (``textarena:TicTacToe-v0``) and import paths."""
+
+    def _resolve(self, name: str) -> EnvFactory | None:
+        if ":" not in name:
+            return None
+        prefix, rest = name.split(":", 1)
+        if prefix in ADAPTERS:
+            module, attr = ADAPTERS[prefix].split(":")
+            return functools.partial(getattr(importlib.import_module(module), attr), rest)
+        try:
+            obj = getattr(importlib.import_module(prefix), rest)
+        except (ImportError, AttributeError) as e:
+            raise KeyError(f"env kind {name!r}: not a registered name ({self.names()}), not an adapter prefix "
+                           f"({sorted(ADAPTERS)}), and {prefix}:{rest} does not import ({type(e).__name__}: {e})") from e
+        if not callable(obj):
+            raise KeyError(f"env kind {name!r}: {prefix}.{rest} is not callable (a LudicEnv class or factory)")
+        return obj
+
+
+ENVS: Registry[EnvFactory] = EnvRegistry("env kind", {
     "tictactoe": "ludic.envs.tictactoe:TicTacToeEnv",
     "tictactoe_selfplay": "ludic.envs.tictactoe:TicTacToeGame",
     "prompt": "ludic.envs.prompt_env:PromptEnv",

@@ -24,7 +24,7 @@ from ludic.envs.registry import make_env
 from ludic.errors import episode_failure, stage
 from ludic.interaction.base import InteractionProtocol
 from ludic.progress import Progress
-from ludic.types import Rollout, RolloutRequest, Step
+from ludic.types import DEFAULT_MAX_STEPS, Rollout, RolloutRequest, Step
 
 ProtocolFactory = Callable[[], InteractionProtocol]
 
@@ -133,9 +133,8 @@ class RolloutEngine:
                 protocol = self.protocols[req.protocol]()
             with stage("env.make"):
                 env = make_env(req.env)
-            rollouts = await protocol.run(
-                env, max_steps=req.max_steps, env_seed=env_seed, sampling_seed=req.sampling_seed
-            )
+            max_steps = req.max_steps if req.max_steps is not None else (env.max_turns or DEFAULT_MAX_STEPS)
+            rollouts = await protocol.run(env, max_steps=max_steps, env_seed=env_seed, sampling_seed=req.sampling_seed)
         except Exception as e:  # the backstop: protocols catch what happens inside the episode
             failure = episode_failure(e, "protocol")
             rollouts = [Rollout(meta={"agent_id": None, "truncation_reason": "error", **failure})]

@@ -1,0 +1,95 @@
+"""reasoning-gym datasets as single-turn Ludic envs: ``EnvSpec("reasoning_gym:leg_counting")``.
+
+Any dataset reasoning-gym registers works, by name and config (``config={"min_animals": 2}``). An
+episode is one question; the reply's last ``<answer>...</answer>`` is graded by the dataset's own
+``score_answer`` (a score in [0, 1], partial credit where the dataset gives it), and a reply with no
+answer tag scores ``no_answer_reward``. ``info["success"]`` is 1 for a full score.
+
+Train and evaluation questions are disjoint by index: the generator is built once with
+``dataset_seed`` and ``train_size + eval_size`` entries; ``split="train"`` episodes draw entry
+``seed % train_size`` and ``split="eval"`` ones entry ``train_size + seed % eval_size``. (reasoning-gym
+makes each entry from its own seeded RNG, so the two splits are different draws; a task whose question
+space is tiny can still repeat a question across them.)
+
+Needs ``pip install 'ludic[envs]'`` (or ``reasoning-gym``).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+from ludic.envs.base import SingleAgentEnv
+from ludic.types import JSON, StepOutcome
+
+INSTRUCTION = ("Think briefly if you need to, then give the final answer inside <answer></answer> tags, "
+               "e.g. <answer>42</answer>.")
+_ANSWER = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL | re.IGNORECASE)
+
+
+def extract_answer(reply: str) -> str | None:
+    """The last ``<answer>...</answer>`` of a reply, stripped (None when there is none)."""
+    found = _ANSWER.findall(reply)
+    return found[-1].strip() if found else None
+
+
+@functools.lru_cache(maxsize=32)
+def _dataset(name: str, config_items: tuple, seed: int, size: int) -> Any:
+    try:
+        import reasoning_gym
+    except ImportError as e:
+        raise ImportError("the reasoning-gym adapter needs reasoning-gym: pip install 'ludic[envs]'") from e
+    from reasoning_gym.factory import DATASETS
+
+    if name not in DATASETS:
+        near = sorted(k for k in DATASETS if name.split("_")[0] in k)[:10]
+        raise ValueError(f"reasoning-gym has no dataset {name!r}" + (f"; similar: {near}" if near else ""))
+    return reasoning_gym.create_dataset(name, seed=seed, size=size, **dict(config_items))
+
+
+class ReasoningGymEnv(SingleAgentEnv):
+    """One reasoning-gym question per episode (see the module docstring).
+
+    Args:
+        name: a reasoning-gym dataset, e.g. ``"leg_counting"``.
+        config: the dataset's own config fields (difficulty ranges, ...).
+        split: ``"train"`` or ``"eval"`` (disjoint entries).
+        train_size / eval_size: entries in each split.
+        dataset_seed: the generator's seed.
+        instruction: appended to the question (how to format the answer).
+        no_answer_reward: reward of a reply without an answer tag (its score would be 0 anyway).
+    """
+
+    max_turns = 1
+
+    def __init__(self, name: str, *, config: dict[str, Any] | None = None, split: str = "train",
+                 train_size: int = 100_000, eval_size: int = 1_000, dataset_seed: int = 0,
+                 instruction: str = INSTRUCTION, no_answer_reward: float = 0.0) -> None:
+        super().__init__()
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        self.name, self.split, self.instruction = name, split, instruction
+        self.train_size, self.eval_size, self.no_answer_reward = int(train_size), int(eval_size), no_answer_reward
+        self.dataset = _dataset(name, tuple(sorted((config or {}).items())), int(dataset_seed),
+                                self.train_size + self.eval_size)
+        self.entry: dict[str, Any] = {}
+
+    def env_reset(self, seed: int | None = None) -> tuple[str, JSON]:
+        seed = 0 if seed is None else int(seed)
+        index = seed % self.train_size if self.split == "train" else self.train_size + seed % self.eval_size
+        self.entry = self.dataset[index]
+        question = str(self.entry["question"]).strip()
+        return (f"{question}\n\n{self.instruction}" if self.instruction else question,
+                {"dataset": self.name, "index": index, "split": self.split})
+
+    def env_step(self, action: str) -> StepOutcome:
+        answer = extract_answer(action)
+        if answer is None:
+            score, reward = 0.0, self.no_answer_reward
+        else:
+            score = float(self.dataset.score_answer(answer, self.entry))
+            reward = score
+        info = {"answer": answer, "reference": str(self.entry.get("answer")), "score": score,
+                "success": float(score >= 1.0), "no_answer": answer is None}
+        return StepOutcome("Correct." if score >= 1.0 else "Graded.", reward, terminated=True, info=info)

@@ -1,0 +1,179 @@
+"""TextArena games as Ludic envs: ``EnvSpec("textarena:GuessTheNumber-v0")`` or ``TextArenaEnv(game_id)``.
+
+Any registered TextArena id works (``textarena.make(id)``, with the id's own wrappers: the default ids
+show each player the whole game so far as one text and accept ``[move]`` answers). TextArena player
+``k`` is the Ludic agent ``player_k``; ``seats`` picks which players Ludic's agents play:
+
+    seats="all"     every player is an agent: self-play (one client for all), or a trained seat
+                    against a frozen one (``MultiAgentProtocol(frozen=...)``, a league snapshot)
+    seats=[0]       only player 0 is an agent; ``opponent`` plays the others
+    seats="seed"    one agent ``agent_0`` whose player alternates with the reset seed (seed % players)
+
+The game's own rules stay: its invalid-move handling (an error allowance, or a loss), its turn limit
+and its rewards. A player's reward arrives when the game ends (``env.close()``), as TextArena reports
+it (1 win, -1 loss, 0 draw in two-player games; a score in single-player ones, 1 when solved, partial
+credit below). ``info["outcome"]`` is ``win`` / ``loss`` / ``draw`` (by the sign in multi-player games;
+``win`` only for a full score alone), and ``info["success"]`` is 1 for a win. A
+TextArena exception is raised to the protocol, which records a failed rollout (the run goes on).
+
+Needs ``pip install 'ludic[envs]'`` (or ``textarena``). Games that need extra data (NLTK word lists:
+Hangman, Wordle, Crosswords, ...) fetch it on first use and fail offline; their error says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from ludic.envs.base import LudicEnv
+from ludic.types import JSON, StepOutcome
+
+Opponent = Callable[[int, str], str]
+"""``(player_id, observation) -> answer`` for a player no Ludic agent plays."""
+
+_PLAYERS: dict[str, int] = {}
+"""Game id -> the number of players it was found to accept (found once per process)."""
+
+
+def _observation_text(obs: Any) -> str:
+    """TextArena's observation: a string (the default wrappers) or a list of (from, message, type)."""
+    if isinstance(obs, str):
+        return obs.strip()
+    return "\n".join(str(m[1]) if isinstance(m, (tuple, list)) else str(m) for m in obs).strip()
+
+
+def _make(game_id: str, env_kwargs: dict[str, Any]) -> Any:
+    try:
+        import textarena as ta
+    except ImportError as e:
+        raise ImportError("the TextArena adapter needs the textarena package: pip install 'ludic[envs]'") from e
+    from textarena.envs.registration import ENV_REGISTRY
+
+    if game_id not in ENV_REGISTRY:
+        near = sorted(k for k in ENV_REGISTRY if game_id.split("-")[0].lower() in k.lower())[:10]
+        raise ValueError(f"TextArena has no game {game_id!r}" + (f"; similar ids: {near}" if near else ""))
+    return ta.make(game_id, **env_kwargs)
+
+
+def _players(game_id: str, env_kwargs: dict[str, Any]) -> int:
+    """The smallest player count the game accepts (1 or 2 tried; give ``num_players`` for others)."""
+    if game_id not in _PLAYERS:
+        errors = []
+        for n in (1, 2):
+            try:
+                _make(game_id, env_kwargs).reset(num_players=n, seed=0)
+            except Exception as e:  # noqa: BLE001 - the game says it wants another count
+                errors.append(f"{n}: {type(e).__name__}: {e}")
+                continue
+            _PLAYERS[game_id] = n
+            break
+        else:
+            raise ValueError(f"TextArena game {game_id!r} accepts neither 1 nor 2 players ({'; '.join(errors)}); "
+                             "pass num_players=")
+    return _PLAYERS[game_id]
+
+
+class TextArenaEnv(LudicEnv):
+    """One TextArena game per episode (see the module docstring).
+
+    Args:
+        game_id: a TextArena id, e.g. ``"TicTacToe-v0"``, ``"GuessTheNumber-v0"``.
+        seats: ``"all"``, ``"seed"``, or the player numbers Ludic's agents play.
+        num_players: players in the game (default: the smallest count it accepts, 1 or 2).
+        opponent: plays every player no agent plays: ``(player_id, observation) -> answer``.
+        env_kwargs: passed to ``textarena.make``.
+        max_turns: the protocol's turn limit for requests that set none (``LudicEnv.max_turns``); the
+            game's own limit usually ends it first.
+    """
+
+    def __init__(self, game_id: str, *, seats: str | Sequence[int] = "all", num_players: int | None = None,
+                 opponent: Opponent | None = None, env_kwargs: dict[str, Any] | None = None,
+                 max_turns: int = 64) -> None:
+        self.game_id, self.env_kwargs = game_id, dict(env_kwargs or {})
+        self.num_players = int(num_players) if num_players else _players(game_id, self.env_kwargs)
+        self.opponent, self.max_turns = opponent, max_turns
+        if seats == "seed":
+            self._fixed: list[int] | None = None
+            self._ids = ["agent_0"]
+        else:
+            fixed = list(range(self.num_players)) if seats == "all" else sorted(int(s) for s in seats)
+            if not fixed or len(set(fixed)) != len(fixed) or any(not 0 <= s < self.num_players for s in fixed):
+                raise ValueError(f"seats {seats!r} must be distinct players of {game_id} (0..{self.num_players - 1})")
+            self._fixed, self._ids = fixed, [f"player_{s}" for s in fixed]
+        if (self._fixed is None or len(self._fixed) < self.num_players) and opponent is None and self.num_players > 1:
+            raise ValueError(f"{game_id}: seats={seats!r} leaves players to an opponent; pass opponent= "
+                             "(player_id, observation) -> answer, or seats='all' with a frozen agent per seat")
+        self.env: Any = None
+        self.seat_of: dict[str, int] = {}
+        self._current: int | None = None
+        self._obs: dict[str, str] = {}
+        self._done = True
+
+    @property
+    def agent_ids(self) -> list[str]:
+        return list(self._ids)
+
+    @property
+    def active_agents(self) -> list[str]:
+        if self._done or self._current is None:
+            return []
+        return [a for a, p in self.seat_of.items() if p == self._current]
+
+    def observe(self, agent_id: str) -> str:
+        return self._obs.get(agent_id, "")
+
+    def reset(self, seed: int | None = None) -> dict[str, tuple[str, JSON]]:
+        seed = 0 if seed is None else int(seed)
+        seats = self._fixed if self._fixed is not None else [seed % self.num_players]
+        self.seat_of = dict(zip(self._ids, seats))
+        self.env = _make(self.game_id, self.env_kwargs)
+        self.env.reset(num_players=self.num_players, seed=seed)
+        self._done, self._obs = False, {}
+        self._advance()
+        info = {"game": self.game_id, "seed": seed, "num_players": self.num_players}
+        return {a: (self._obs.get(a, ""), {**info, "seat": p}) for a, p in self.seat_of.items()}
+
+    def _advance(self) -> dict[str, StepOutcome]:
+        """Let the opponent play until an agent must act or the game ends; the outcomes at the end."""
+        while True:
+            player, obs = self.env.get_observation()
+            agent = next((a for a, p in self.seat_of.items() if p == player), None)
+            if agent is not None:
+                self._current, self._obs[agent] = player, _observation_text(obs)
+                return {}
+            if self.opponent is None:
+                raise RuntimeError(f"{self.game_id}: player {player} must move and no agent or opponent plays it")
+            done, _ = self.env.step(self.opponent(player, _observation_text(obs)))
+            if done:
+                return self._finish()
+
+    def _finish(self) -> dict[str, StepOutcome]:
+        self._done, self._current = True, None
+        closed = self.env.close()
+        rewards, game_info = closed if isinstance(closed, tuple) else (closed, {})
+        rewards = rewards or {}
+        out = {}
+        for agent, player in self.seat_of.items():
+            r = float(rewards.get(player, 0.0))
+            gi = dict((game_info or {}).get(player, {}))
+            if self.num_players == 1:  # a score: 1 solves the game, less is partial credit
+                outcome = "win" if r >= 1.0 else "loss"
+            else:
+                outcome = "win" if r > 0 else "loss" if r < 0 else "draw"
+            info = {"outcome": outcome, "success": float(outcome == "win"), "reason": str(gi.get("reason", "")),
+                    "invalid_move": bool(gi.get("invalid_move", False)), "turns": int(gi.get("turn_count", 0) or 0)}
+            out[agent] = StepOutcome(f"Game over: {info['reason'] or outcome}.", r, terminated=True, info=info)
+        return out
+
+    def step(self, actions: dict[str, str]) -> dict[str, StepOutcome]:
+        if self._done:
+            raise RuntimeError(f"{self.game_id}: step() after the game ended")
+        (agent,) = self.active_agents
+        done, _ = self.env.step(actions.get(agent, ""))
+        if done:
+            return self._finish()
+        out = self._advance()
+        if out:
+            return out
+        # the mover's turn is recorded (its next observation comes when its turn does), and the agent
+        # to move now gets the game as it sees it
+        return {agent: StepOutcome(""), **{a: StepOutcome(self._obs[a]) for a in self.active_agents}}

@@ -1,0 +1,148 @@
+"""The ecosystem adapters against the real packages (TextArena, reasoning-gym, GEM): scripted players
+through Ludic's own agents and protocols, the packages' own rewards and rules, errors as failed rollouts."""
+
+import asyncio
+import re
+
+import pytest
+from conftest import require
+
+from ludic.agents.agent import Agent
+from ludic.context import make_context
+from ludic.envs.registry import make_env
+from ludic.inference.client import FunctionClient, SamplingParams
+from ludic.interaction import MultiAgentProtocol, SingleAgentProtocol
+from ludic.rollouts.engine import RolloutEngine
+from ludic.types import EnvSpec, RolloutRequest
+
+
+def bisect(pattern, wrap):
+    """A guess-the-number player: bisects on the game's higher/lower hints (read from the whole dialog)."""
+
+    def reply(messages):
+        text = "\n".join(m["content"] for m in messages if m["role"] != "system")
+        lo, hi = map(int, re.search(pattern, text).groups())
+        for guess, hint in re.findall(r"(\d+)\D{0,60}?\b(higher|lower)\b", text):
+            if hint == "higher":
+                lo = max(lo, int(guess) + 1)
+            else:
+                hi = min(hi, int(guess) - 1)
+        return wrap((lo + hi) // 2)
+
+    return reply
+
+
+def run(engine, reqs):
+    return asyncio.run(engine.generate_rollouts(reqs))
+
+
+def test_textarena_single_player_game_through_the_protocol(tokenizer):
+    require("textarena")
+    client = FunctionClient(tokenizer, bisect(r"between (\d+) and (\d+)", lambda g: f"My guess: [{g}]"))
+    engine = RolloutEngine({"single_agent": lambda: SingleAgentProtocol(Agent(client, make_context("last")))})
+    (r,) = run(engine, [RolloutRequest(EnvSpec("textarena:GuessTheNumber-v0", {"seats": "seed"}), env_seed=5)])
+    assert not r.meta.get("failed"), r.meta
+    last = r.steps[-1]
+    assert last.terminated and last.reward == 1.0 and last.info["outcome"] == "win" and last.info["success"] == 1.0
+    assert 1 <= len(r.steps) <= 5  # bisection over 1..20
+    assert "[GAME]" in r.steps[0].prev_obs and "Guess The Number" in r.steps[0].prev_obs
+
+
+def test_textarena_two_player_game_keeps_its_rules_and_rewards(tokenizer):
+    """Tic-tac-toe, both seats scripted: player 0 takes cells in order, player 1 repeats an occupied cell
+    (TextArena's own rule: an invalid move loses), so player 0 gets +1 and player 1 gets -1."""
+    require("textarena")
+
+    def first_free(messages):
+        board = messages[-1]["content"].rsplit("Available Moves:", 1)[-1]
+        cell = re.findall(r"\[(\d)\]", board)[0]
+        return f"[{cell}]"
+
+    agents = {"player_0": Agent(FunctionClient(tokenizer, first_free), make_context("last")),
+              "player_1": Agent(FunctionClient(tokenizer, lambda m: "[0]"), make_context("last"))}
+    engine = RolloutEngine({"two": lambda: MultiAgentProtocol(agents, frozen={"player_1"})})
+    rollouts = run(engine, [RolloutRequest(EnvSpec("textarena:TicTacToe-v0"), protocol="two", env_seed=1)])
+    by = {r.meta["agent_id"]: r for r in rollouts}
+    assert by["player_0"].total_reward == 1.0 and by["player_1"].total_reward == -1.0
+    assert by["player_1"].steps[-1].info["invalid_move"] is True and by["player_0"].steps[-1].info["outcome"] == "win"
+    assert by["player_1"].meta["trainable"] is False
+
+
+def test_textarena_errors_are_failed_rollouts_and_bad_ids_are_named(tokenizer):
+    require("textarena")
+    with pytest.raises(ValueError, match="TextArena has no game 'TicTacToe-v9'.*TicTacToe-v0"):
+        make_env(EnvSpec("textarena:TicTacToe-v9"))
+    with pytest.raises(ValueError, match="leaves players to an opponent"):
+        make_env(EnvSpec("textarena:TicTacToe-v0", {"seats": [0]}))
+
+    def crashing_opponent(player, obs):
+        raise RuntimeError("opponent engine down")
+
+    from ludic.envs.registry import register_env
+    from ludic.envs.textarena_env import TextArenaEnv
+
+    register_env("test_ta_crash", lambda: TextArenaEnv("TicTacToe-v0", seats="seed", opponent=crashing_opponent))
+    client = FunctionClient(tokenizer, lambda m: "[4]")
+    engine = RolloutEngine({"single_agent": lambda: SingleAgentProtocol(Agent(client, make_context("last")))})
+    rollouts = run(engine, [RolloutRequest(EnvSpec("test_ta_crash"), env_seed=s) for s in (0, 1)])
+    assert all(r.meta["failed"] and "opponent engine down" in r.meta["error"] for r in rollouts)
+
+
+def test_reasoning_gym_scores_with_the_datasets_own_grader_on_disjoint_splits(tokenizer):
+    require("reasoning_gym")
+    train = make_env(EnvSpec("reasoning_gym:leg_counting", {"train_size": 50, "eval_size": 20}))
+    held = make_env(EnvSpec("reasoning_gym:leg_counting", {"train_size": 50, "eval_size": 20, "split": "eval"}))
+    train_idx = {train.reset(seed=s)["agent_0"][1]["index"] for s in range(200)}
+    eval_idx = {held.reset(seed=s)["agent_0"][1]["index"] for s in range(200)}
+    assert train_idx == set(range(50)) and eval_idx == set(range(50, 70))
+
+    answers = {}
+
+    def solver(messages):
+        return f"Counting... <answer>{answers[messages[-1]['content']]}</answer>"
+
+    env = make_env(EnvSpec("reasoning_gym:leg_counting"))
+    obs, _ = env.reset(seed=3)["agent_0"]
+    answers[obs] = env.entry["answer"]
+    engine = RolloutEngine({"single_agent": lambda: SingleAgentProtocol(Agent(FunctionClient(tokenizer, solver)))})
+    (r,) = run(engine, [RolloutRequest(EnvSpec("reasoning_gym:leg_counting"), env_seed=3)])
+    assert r.total_reward == 1.0 and r.steps[-1].info["success"] == 1.0 and len(r.steps) == 1
+
+    out = env.step({"agent_0": "about twenty legs"})["agent_0"]
+    assert out.reward == 0.0 and out.info["no_answer"] is True
+    with pytest.raises(ValueError, match="no dataset 'leg_countin'"):
+        make_env(EnvSpec("reasoning_gym:leg_countin"))
+
+
+def test_gem_env_through_the_generic_gymnasium_wrapper(tokenizer):
+    require("gem")
+    client = FunctionClient(tokenizer, bisect(r"between (\d+) and (\d+)", lambda g: f"\\boxed{{{g}}}"))
+    engine = RolloutEngine({"single_agent": lambda: SingleAgentProtocol(Agent(client, make_context("full")))})
+    (r,) = run(engine, [RolloutRequest(EnvSpec("gem:game:GuessTheNumber-v0-easy"), env_seed=7)])
+    assert not r.meta.get("failed"), r.meta
+    assert r.steps[-1].terminated and r.steps[-1].reward == 1.0 and r.steps[-1].info["success"] == 1.0
+    assert r.meta["truncation_reason"] is None
+
+
+def test_an_env_from_an_import_path_and_a_gymnasium_env_that_raises(tokenizer):
+    from ludic.envs.gym_text import GymTextEnv
+
+    env = make_env(EnvSpec("conftest:VowelEnv"))
+    assert env.reset(seed=0)["agent_0"][0] == "Say something."
+
+    class Broken:  # a Gymnasium-API env whose step fails
+        def reset(self, seed=None):
+            return "start", {}
+
+        def step(self, action):
+            raise ValueError("simulator crashed")
+
+    from ludic.envs.registry import register_env
+
+    register_env("test_broken_gym", lambda: GymTextEnv(Broken))
+    engine = RolloutEngine({"single_agent": lambda: SingleAgentProtocol(
+        Agent(FunctionClient(tokenizer, lambda m: "go")))})
+    (r,) = run(engine, [RolloutRequest(EnvSpec("test_broken_gym"))])
+    assert r.meta["failed"] and "simulator crashed" in r.meta["error"] and r.meta["error_stage"] == "env.step"
+    with pytest.raises(TypeError, match="Gymnasium-style env with reset"):
+        GymTextEnv(object())
