@@ -285,3 +285,48 @@ def test_no_silent_non_learning(tiny_model_dir, tmp_path):
     asyncio.run(trainer.train(2, lambda step, m: history.append(m)))
     assert all(m["zero_adv_token_share"] < 1.0 and m["no_signal_streak"] == 0 for m in history)
     assert all(0.0 <= m["zero_var_group_share"] < 1.0 for m in history)
+
+
+def test_keep_best_ends_on_the_best_evaluated_weights(tiny_model_dir, tmp_path):
+    """``eval_every`` + ``keep_best``: the evaluator runs after steps 1, 2, 3 (scores 0.5, 0.9, 0.2); the
+    run ends on step 2's weights, says so in ``trainer.best`` beside the last step's score, and logs
+    ``eval/*`` with the step metrics."""
+    scores = iter([0.5, 0.9, 0.2])
+
+    async def evaluator():
+        return {"success_rate": next(scores), "episodes": 8}
+
+    model, engine, trainer = vowel_grpo_trainer(tiny_model_dir, tmp_path, TrainerConfig(lr=5e-2, eval_every=1,
+                                                                                         keep_best="success_rate"))
+    trainer.evaluator = evaluator
+    seen, history = {}, []
+
+    def on_step(step, m):
+        history.append(m)
+        seen[step] = _lora_params(model)
+
+    asyncio.run(trainer.train(3, on_step))
+    assert [m["eval/success_rate"] for m in history] == [0.5, 0.9, 0.2]
+    assert trainer.best["step"] == 2 and trainer.best["value"] == 0.9
+    assert trainer.best["last_step"] == 3 and trainer.best["last_eval"]["success_rate"] == 0.2
+    now = _lora_params(model)
+    assert all(torch.equal(now[n], seen[2][n]) for n in now) and not all(torch.equal(now[n], seen[3][n]) for n in now)
+    assert engine.policy_version == trainer.policy_version == 4  # the restored weights were published
+    with pytest.raises(ValueError, match="keep_best='success_rate' needs an evaluator"):
+        asyncio.run(Trainer(model, make_sft(), FixedSource([]), TrainerConfig(keep_best="success_rate"),
+                            tokenizer=trainer.tokenizer).train(1))
+
+
+def test_the_padding_id_comes_from_the_tokenizer_by_default(tiny_model_dir):
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    want = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    assert Trainer(model, make_sft(), FixedSource([]), tokenizer=tok).pad_token_id == want
+    assert Trainer(model, make_sft(), FixedSource([]), pad_token_id=7).pad_token_id == 7
+
+    class Bare(torch.nn.Module):  # no tokenizer, no config: nothing to take the id from
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+    with pytest.raises(ValueError, match="no padding id"):
+        Trainer(Bare(), make_sft(), FixedSource([]))

@@ -127,7 +127,11 @@ class Trainer:
         tokenizer: saved with checkpoints so they load as HF folders.
         ref_model: frozen reference for a KL penalty. Default: with LoRA, the model with its adapters
             disabled; with full fine-tuning, a frozen copy of the model made here (the starting policy).
-        pad_token_id: padding id for collation.
+        pad_token_id: padding id for collation (default: the tokenizer's pad id, else its or the
+            model's eos id; an error when none can be found).
+        evaluator: ``async () -> {metric: value}`` on held-out data, called every ``cfg.eval_every``
+            steps and at the last step of ``train`` (logged as ``eval/<metric>``); with
+            ``cfg.keep_best`` the best-scoring weights are restored at the end of ``train``.
         objective: per-micro-batch ``(trainer, micro_batch, totals) -> (loss, stats)``;
             defaults to the policy-gradient objective of ``algorithm.loss`` (DPO supplies its own).
         group_key: item meta key whose items must share a micro-batch (e.g. DPO pairs).
@@ -145,9 +149,10 @@ class Trainer:
         checkpoint_dir: str | Path | None = None,
         tokenizer: Any | None = None,
         ref_model: Any | None = None,
-        pad_token_id: int = 0,
+        pad_token_id: int | None = None,
         objective: Objective | None = None,
         group_key: str | None = None,
+        evaluator: Callable[[], Awaitable[dict[str, float]]] | None = None,
     ) -> None:
         self.model = model
         self.algorithm = algorithm
@@ -166,7 +171,12 @@ class Trainer:
         if ref_model is None and _needs_ref_copy(model, algorithm):
             ref_model = _frozen_copy(model)
         self.ref_model = ref_model
-        self.pad_token_id = pad_token_id
+        self.pad_token_id = _pad_id(pad_token_id, tokenizer, model)
+        self.evaluator = evaluator
+        self.best: dict[str, Any] = {}
+        """With ``keep_best``: ``{"step", "metric", "value", "eval", "last_step", "last_eval"}`` of the best
+        evaluation and of the last one."""
+        self._best_state: dict[str, torch.Tensor] | None = None
         self.objective = objective or policy_gradient_objective
         self.group_key = group_key
         self.step = 0
@@ -572,13 +582,63 @@ class Trainer:
     async def train(
         self, num_steps: int, on_step: Callable[[int, dict[str, Any]], Awaitable[None] | None] | None = None
     ) -> None:
-        """Run until ``self.step == num_steps`` (resumed runs continue from their step)."""
+        """Run until ``self.step == num_steps`` (resumed runs continue from their step). With an
+        evaluator: evaluate every ``eval_every`` steps and at the last, and with ``keep_best`` end on
+        the best evaluated weights (``self.best``)."""
+        if self.cfg.keep_best and self.evaluator is None:
+            raise ValueError(f"keep_best={self.cfg.keep_best!r} needs an evaluator (Trainer(evaluator=...))")
         while self.step < num_steps:
             metrics = await self.train_step()
+            every = self.cfg.eval_every
+            if self.evaluator is not None and ((every and self.step % every == 0) or self.step == num_steps):
+                metrics.update(await self.evaluate())
             if on_step is not None:
                 res = on_step(self.step, metrics)
                 if hasattr(res, "__await__"):
                     await res  # type: ignore[misc]
+        if self.cfg.keep_best and self._best_state is not None and self.best.get("step") != self.step:
+            self._restore_best()
+
+    async def evaluate(self) -> dict[str, Any]:
+        """Run the evaluator now; log ``eval/<metric>`` at the current step and track the best."""
+        if self.evaluator is None:
+            return {}
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            result = dict(await self.evaluator())
+        finally:
+            self.model.train(was_training)
+        out = {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
+        if self.logger is not None:
+            self.logger.log(self.step, out)
+        key = self.cfg.keep_best
+        if key:
+            if key not in result:
+                raise KeyError(f"keep_best={key!r}: the evaluator returned no such metric ({sorted(result)})")
+            self.best.update(last_step=self.step, last_eval=result)
+            if not self.best.get("eval") or result[key] > self.best["value"]:
+                self.best.update(step=self.step, metric=key, value=float(result[key]), eval=result)
+                self._best_state = {n: (p.detach().clone() if m is None else m.detach().clone())
+                                    for n, p, m in self._trainable_with_masters()}
+        return out
+
+    def _trainable_with_masters(self) -> list[tuple[str, torch.Tensor, torch.Tensor | None]]:
+        masters = self.masters.state_dict(self.model) if self.masters.active else {}
+        return [(n, p, masters.get(n)) for n, p in self.model.named_parameters() if p.requires_grad]
+
+    @torch.no_grad()
+    def _restore_best(self) -> None:
+        """Load the best evaluation's trainable weights (fp32 masters too) and publish them."""
+        assert self._best_state is not None
+        for n, p, _ in self._trainable_with_masters():
+            p.copy_(self._best_state[n].to(p.dtype))
+        if self.masters.active:
+            self.masters.load_state_dict(self.model, self._best_state)
+        mark_trained(self.model)  # an in-process engine refreshes its decode view
+        self.policy_version += 1
+        if self.publisher is not None:
+            self.publisher.publish(self.model, self.policy_version)
 
     def save(self) -> Path | None:
         model_state = optimizer_state = None
@@ -626,6 +686,20 @@ class Trainer:
         return True
 
 
+
+
+def _pad_id(given: int | None, tokenizer: Any, model: Any) -> int:
+    """The padding id: given, else the tokenizer's pad (or eos) id, else the model config's."""
+    if given is not None:
+        return int(given)
+    for src in (tokenizer, getattr(model, "config", None)):
+        for name in ("pad_token_id", "eos_token_id"):
+            v = getattr(src, name, None)
+            if isinstance(v, (list, tuple)):
+                v = v[0] if v else None
+            if isinstance(v, int):
+                return v
+    raise ValueError("Trainer: no padding id: pass pad_token_id= or tokenizer= (its pad or eos id is used)")
 
 
 def _needs_ref_copy(model: Any, algorithm: Any) -> bool:
