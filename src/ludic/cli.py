@@ -1,5 +1,8 @@
 """The ``ludic`` command.
 
+    ludic train env --env SPEC        GRPO + LoRA on any env: a registered name, textarena:ID,
+                                      reasoning_gym:NAME, gem:ID, gym:ID or module:factory
+    ludic eval env --env SPEC         success rate (95% CI) and mean reward on held-out episodes
     ludic train tictactoe [flags]     GRPO + LoRA on tic-tac-toe
     ludic train prompts [flags]       GRPO on a JSONL prompt dataset with a reward function
     ludic train qa [flags]            GRPO on graded QA / math answers (arith, JSONL, parquet, GSM8K; --tools)
@@ -165,6 +168,20 @@ def _eval_qa(argv: list[str]) -> None:
     eval_qa(parse_config(EvalQAConfig, argv, prog="ludic eval qa"))
 
 
+def _train_env(argv: list[str]) -> None:
+    from ludic.recipes.env import TrainEnvConfig, train_env
+
+    out = train_env(parse_config(TrainEnvConfig, argv, prog="ludic train env"))
+    print(json.dumps({k: out[k] for k in ("base", "format_demos", "trained", "success_gain", "kept", "run_dir")
+                      if k in out}, indent=2))
+
+
+def _eval_env(argv: list[str]) -> None:
+    from ludic.recipes.env import EvalEnvConfig, eval_env
+
+    eval_env(parse_config(EvalEnvConfig, argv, prog="ludic eval env"))
+
+
 def _eval_games(argv: list[str]) -> None:
     from ludic.recipes.games import EvalGamesConfig, eval_games
 
@@ -197,6 +214,8 @@ def _model_prepare(argv: list[str]) -> None:
 COMMANDS: dict[tuple[str, ...], Callable[[list[str]], None]] = {
     ("train", "tictactoe"): _train_tictactoe,
     ("train", "prompts"): _train_prompts,
+    ("train", "env"): _train_env,
+    ("eval", "env"): _eval_env,
     ("train", "games"): _train_games,
     ("eval", "games"): _eval_games,
     ("train", "qa"): _train_qa,

@@ -70,6 +70,10 @@ def xml_tag_parser(
     action. With ``exact=True`` the whole output (ignoring surrounding
     whitespace) must be that single tag. An empty inner text is a failure.
     The scan is linear in the length of the output.
+
+    ``error_reward`` (default -1.0) is on the scale of the games' outcomes (win 1, loss -1): a malformed
+    answer costs as much as a loss. On a 0..1 success reward that is as large as a success; use a
+    smaller penalty there (e.g. -0.1), or 0 and let the missing reward teach the format.
     """
     opening = re.compile(re.escape(f"<{tag}>"), re.IGNORECASE)
     closing = re.compile(re.escape(f"</{tag}>"), re.IGNORECASE)

@@ -61,7 +61,8 @@ class Agent:
         parser: raw text -> action.
         sampling: default sampling parameters; ``act(sampling_seed=...)`` sets the seed per episode.
         reject_incomplete: a completion cut by ``max_tokens`` counts as a parse failure.
-        incomplete_penalty: reward for such a completion.
+        incomplete_penalty: reward for such a completion (default -1.0: a loss on the games' win 1 /
+            loss -1 scale; as large as a success on a 0..1 reward, so scale it to the env's rewards).
         timeout_s: per-call timeout; a timeout becomes a failed request, not an exception.
     """
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
+import sys
 from typing import Callable, Generic, TypeVar
 
 from ludic.envs.base import LudicEnv
@@ -77,6 +79,8 @@ class EnvRegistry(Registry[EnvFactory]):
             module, attr = ADAPTERS[prefix].split(":")
             return functools.partial(getattr(importlib.import_module(module), attr), rest)
         try:
+            if os.getcwd() not in sys.path and "" not in sys.path:  # as `python -m` does: the working directory's modules
+                sys.path.append(os.getcwd())
             obj = getattr(importlib.import_module(prefix), rest)
         except (ImportError, AttributeError) as e:
             raise KeyError(f"env kind {name!r}: not a registered name ({self.names()}), not an adapter prefix "

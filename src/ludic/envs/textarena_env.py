@@ -85,6 +85,9 @@ class TextArenaEnv(LudicEnv):
             game's own limit usually ends it first.
     """
 
+    preferred_context = "last"
+    """Each observation is the whole game so far (TextArena's default wrappers): the agent keeps only it."""
+
     def __init__(self, game_id: str, *, seats: str | Sequence[int] = "all", num_players: int | None = None,
                  opponent: Opponent | None = None, env_kwargs: dict[str, Any] | None = None,
                  max_turns: int = 64) -> None:

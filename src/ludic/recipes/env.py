@@ -1,0 +1,526 @@
+"""Any environment, one command: ``ludic train env`` / ``ludic eval env``, and ``ludic.train(env)`` in Python.
+
+    ludic train env --env reasoning_gym:leg_counting
+    ludic train env --env textarena:GuessTheNumber-v0 --max-completion-tokens 32
+    ludic train env --env textarena:TicTacToe-v0 --opponent frozen     two players: vs the starting policy
+    ludic train env --env gem:game:Mastermind-v0-easy
+    ludic train env --env my_package.envs:MyEnv --env-kwargs '{"size": 5}'
+    ludic eval env --env reasoning_gym:leg_counting --adapter runs/env-.../final
+
+``--env`` takes every env kind ``ludic.envs.registry`` knows: a registered name, an adapter prefix
+(``textarena:``, ``reasoning_gym:``, ``gem:``, ``gym:``) or an import path to a ``LudicEnv`` factory.
+
+The run: the packaged model with a LoRA adapter, GRPO (groups of ``group_size`` episodes from one env
+seed), the env's own rewards. It evaluates greedily on held-out seeds (``eval_episodes``) before and
+after training, and every ``eval_every`` steps with ``keep_best``; the headline is the success rate
+(``info["success"]`` of an episode's last step, else a positive total reward) with its 95% interval,
+beside the mean reward. A multi-player env is played by self-play (``--opponent self``: every seat is
+the policy and trains) or against a frozen copy of the starting policy (``--opponent frozen``: the
+trained seat alternates); it is evaluated against that frozen copy either way.
+
+``format_demos``: a format cold start for any env. Give example replies (a .jsonl of ``{"reply": ...}``
+or a .txt, one per line: a teacher answers each turn with one of them) or a function
+``observation -> reply`` (``module:function``, or a callable in Python); a short SFT on those turns,
+through the same agent and chat template, runs before RL. Use it when the model never writes the
+format the env reads: the trainer stops after ``max_no_signal_steps`` steps without any learning
+signal and says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib
+import json
+import math
+import random
+import statistics
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ludic.inference.models import DEFAULT_MODEL
+from ludic.training.config import TrainerConfig
+from ludic.types import EnvSpec, Rollout, RolloutRequest
+
+EVAL_SEED_BASE = 1_000_000_000
+"""Evaluation episodes use env seeds from here up; training seeds are drawn below it."""
+FORMAT_DEMO_EPISODES = 32
+
+
+@dataclass
+class EnvConfig:
+    """Which env, and how the agent sees and answers it (shared by ``train env`` and ``eval env``)."""
+
+    env: str = ""
+    """An env kind: registered name | textarena:ID | reasoning_gym:NAME | gem:ID | gym:ID | module:factory."""
+    env_kwargs: str = ""
+    """JSON object of keyword arguments for the env factory, e.g. '{"config": {"min_animals": 2}}'."""
+    system_prompt: str | None = None
+    """Default: the env's ``suggested_sysprompt`` (none for most)."""
+    context: str = "auto"
+    """full | last | truncated | auto (the env's ``preferred_context``, else full)."""
+    max_turns: int = 0
+    """Turn limit per episode; 0: the env's own (``LudicEnv.max_turns``, else 10)."""
+    max_completion_tokens: int = 64
+    opponent: str = "self"
+    """Multi-player envs: self (self-play, every seat trains) | frozen (the starting policy, frozen)."""
+
+    def kwargs(self) -> dict[str, Any]:
+        if not self.env_kwargs:
+            return {}
+        try:
+            out = json.loads(self.env_kwargs)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--env-kwargs is not JSON ({e}): {self.env_kwargs!r}") from e
+        if not isinstance(out, dict):
+            raise ValueError(f"--env-kwargs must be a JSON object, got {self.env_kwargs!r}")
+        return out
+
+
+@dataclass
+class TrainEnvConfig:
+    """GRPO + LoRA on any environment, evaluated on held-out seeds before and after."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: str = DEFAULT_MODEL
+    adapter: str | None = None
+    group_size: int = 8
+    prompts_per_step: int = 4
+    """Env seeds per step (each played group_size times)."""
+    train_steps: int = 30
+    temperature: float = 1.0
+    algorithm: str = "grpo"
+    kl_coef: float = 0.0
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=5e-5))
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    full_finetune: bool = False
+    eval_episodes: int = 64
+    """Held-out episodes (greedy) before and after training; 0: no evaluation."""
+    format_demos: str = ""
+    """Example replies (.jsonl / .txt) or module:function (observation -> reply) for a format cold start."""
+    format_demo_steps: int = 10
+    format_demo_lr: float = 2e-4
+    run_dir: str | None = None
+    logger: str = "rich"
+    resume: bool = True
+    final_save: bool = True
+    dtype: str = "auto"
+    seed: int = 0
+
+
+@dataclass
+class EvalEnvConfig:
+    """Success rate and mean reward of a policy on held-out episodes of any environment."""
+
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: str = DEFAULT_MODEL
+    adapter: str | None = None
+    episodes: int = 64
+    temperature: float = 0.0
+    out: str = "env_eval.jsonl"
+    dtype: str = "auto"
+    seed: int = 0
+
+
+# ----------------------------------------------------------------------------------------------- env
+
+
+def register_python_env(env: Any) -> str:
+    """Register an env class, factory or instance's class under a kind of its own; returns the kind."""
+    from ludic.envs.base import LudicEnv
+    from ludic.envs.registry import register_env
+
+    factory = type(env) if isinstance(env, LudicEnv) else env
+    if not callable(factory):
+        raise TypeError(f"env must be a kind string, a LudicEnv class or a factory; got {type(env).__name__}")
+    kind = f"python:{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', id(factory))}"
+    register_env(kind, factory)
+    return kind
+
+
+def probe_env(opts: EnvConfig) -> Any:
+    """One env built from the spec (its agents, limits and preferred context); errors name the spec."""
+    from ludic.envs.registry import make_env
+
+    if not opts.env:
+        raise ValueError("--env is required: a registered name, textarena:ID, reasoning_gym:NAME, gem:ID or module:factory")
+    try:
+        return make_env(EnvSpec(opts.env, opts.kwargs()))
+    except KeyError as e:
+        raise ValueError(str(e.args[0]) if e.args else str(e)) from e
+
+
+def _eval_kwargs(opts: EnvConfig) -> dict[str, Any]:
+    """Held-out episodes: an env with its own split (reasoning-gym) takes split='eval'."""
+    kw = opts.kwargs()
+    if opts.env.startswith("reasoning_gym:"):
+        kw.setdefault("split", "eval")
+    return kw
+
+
+def make_agent(client: Any, opts: EnvConfig, env: Any, sampling: Any) -> Any:
+    from ludic.agents.agent import Agent
+    from ludic.context import make_context
+
+    ctx = opts.context if opts.context != "auto" else getattr(env, "preferred_context", "full")
+    return Agent(client, make_context(ctx, opts.system_prompt), sampling=sampling, reject_incomplete=False)
+
+
+def protocols(policy: Any, opts: EnvConfig, env: Any, sampling: Any, frozen: Any = None,
+              frozen_sampling: Any = None) -> dict[str, Callable[[], Any]]:
+    """Protocol factories by key: ``single_agent``; for multi-player envs ``self`` (every seat the policy)
+    and ``seat<k>`` (the policy at seat k, the frozen client at the others)."""
+    from ludic.interaction import MultiAgentProtocol, SingleAgentProtocol
+
+    ids = env.agent_ids
+    if len(ids) == 1:
+        return {"single_agent": lambda: SingleAgentProtocol(make_agent(policy, opts, env, sampling))}
+    out: dict[str, Callable[[], Any]] = {
+        "self": lambda: MultiAgentProtocol({a: make_agent(policy, opts, env, sampling) for a in ids})}
+    if frozen is not None:
+        for k, seat in enumerate(ids):
+            def factory(seat: str = seat) -> Any:
+                agents = {a: make_agent(policy if a == seat else frozen, opts, env,
+                                        sampling if a == seat else (frozen_sampling or sampling)) for a in ids}
+                return MultiAgentProtocol(agents, frozen=[a for a in ids if a != seat])
+            out[f"seat{k}"] = factory
+    return out
+
+
+# ------------------------------------------------------------------------------------------ metrics
+
+
+def episode_success(r: Rollout) -> float:
+    """``info["success"]`` of the last step (or any step), else 1 for a positive total reward."""
+    for s in reversed(r.steps):
+        if "success" in s.info:
+            return float(s.info["success"])
+    return float(r.total_reward > 0)
+
+
+_NOT_ENV_INFO = {"success", "batch_size", "parse_error", "incomplete_completion", "inference_error"}
+"""Step-info keys the agent and the engine add (not the env's own)."""
+
+
+def env_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
+    """The batch's reward and success, and every numeric key of the episodes' last-step info as ``env/<key>``."""
+    done = [r for r in rollouts if not r.meta.get("failed") and r.steps]
+    if not done:
+        return {}
+    out = {"reward_mean": statistics.fmean(r.total_reward for r in done),
+           "reward_std": statistics.pstdev([r.total_reward for r in done]),
+           "success_rate": statistics.fmean(episode_success(r) for r in done),
+           "turns_mean": statistics.fmean(len(r.steps) for r in done)}
+    keys: dict[str, list[float]] = {}
+    for r in done:
+        for k, v in r.steps[-1].info.items():
+            if (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                    and k not in _NOT_ENV_INFO):
+                keys.setdefault(k, []).append(float(v))
+    out.update({f"env/{k}": statistics.fmean(v) for k, v in keys.items() if len(v) == len(done)})
+    return out
+
+
+def summarize(rollouts: Sequence[Rollout]) -> dict[str, Any]:
+    """Success rate with a 95% Wilson interval, mean reward with a normal 95% interval, per episode."""
+    from ludic.eval.stats import Z95, wilson_interval
+
+    trained = [r for r in rollouts if r.meta.get("trainable", True)]
+    ok = [r for r in trained if not r.meta.get("failed")]
+    wins = sum(episode_success(r) >= 1.0 for r in ok)
+    n = len(trained)
+    lo, hi = wilson_interval(wins, n)
+    rewards = [r.total_reward for r in ok] or [0.0]
+    half = Z95 * statistics.pstdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.0
+    return {"episodes": n, "success_rate": wins / n if n else 0.0, "success_ci95_low": lo, "success_ci95_high": hi,
+            "reward_mean": statistics.fmean(rewards), "reward_ci95_low": statistics.fmean(rewards) - half,
+            "reward_ci95_high": statistics.fmean(rewards) + half,
+            "failed_rate": (n - len(ok)) / n if n else 0.0,
+            "parse_error_rate": statistics.fmean(any(s.parse_error for s in r.steps) for r in ok) if ok else 0.0,
+            "turns_mean": statistics.fmean(len(r.steps) for r in ok) if ok else 0.0}
+
+
+def eval_requests(opts: EnvConfig, env: Any, episodes: int, *, multi_key: str | None = None) -> list[RolloutRequest]:
+    """Held-out episodes: seeds from ``EVAL_SEED_BASE``, the env's eval split; multi-player envs alternate
+    the policy's seat against the frozen one (``seat<k>`` protocols)."""
+    n_seats = len(env.agent_ids)
+    spec = EnvSpec(opts.env, _eval_kwargs(opts))
+    return [RolloutRequest(spec, protocol="single_agent" if n_seats == 1 else (multi_key or f"seat{i % n_seats}"),
+                           env_seed=EVAL_SEED_BASE + i, sampling_seed=i, max_steps=opts.max_turns or None)
+            for i in range(episodes)]
+
+
+async def evaluate_episodes(protos: dict[str, Callable[[], Any]], reqs: list[RolloutRequest],
+                            out: Path | None = None, desc: str = "eval") -> dict[str, Any]:
+    from ludic.rollouts.engine import RolloutEngine
+
+    engine = RolloutEngine(protos, concurrency=64, jsonl_path=out)
+    if out is not None and out.exists():
+        out.unlink()
+    return summarize(await engine.generate_rollouts(reqs, progress=desc))
+
+
+def format_summary(name: str, m: dict[str, Any]) -> str:
+    return (f"{name}: success {m['success_rate'] * 100:.1f}% (95% CI {m['success_ci95_low'] * 100:.1f}-"
+            f"{m['success_ci95_high'] * 100:.1f}%), reward {m['reward_mean']:.3f} "
+            f"({m['reward_ci95_low']:.3f} to {m['reward_ci95_high']:.3f}) on {m['episodes']} episodes, "
+            f"{m['turns_mean']:.1f} turns, failed {m['failed_rate'] * 100:.1f}%")
+
+
+# ---------------------------------------------------------------------------------- format cold start
+
+
+def demo_teacher(spec: str | Callable[[str], str], seed: int = 0) -> Callable[[list[dict]], str]:
+    """The teacher of a format cold start, ``messages -> reply``: from example replies (a .jsonl of
+    ``{"reply": ...}``, a .txt one per line) or a function of the last observation."""
+    if callable(spec):
+        fn = spec
+    elif spec.endswith((".jsonl", ".txt")):
+        path = Path(spec)
+        if not path.exists():
+            raise FileNotFoundError(f"--format-demos: {path} does not exist")
+        if spec.endswith(".jsonl"):
+            from ludic.data.jsonl import read_jsonl
+
+            replies = [r["reply"] for r in read_jsonl(path, {"reply": str})]
+        else:
+            replies = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        if not replies:
+            raise ValueError(f"--format-demos: {path} holds no example reply")
+        rng = random.Random(seed)
+        fn = lambda obs: rng.choice(replies)  # noqa: E731
+    elif ":" in spec:
+        module, attr = spec.split(":", 1)
+        fn = getattr(importlib.import_module(module), attr)
+    else:
+        raise ValueError(f"--format-demos {spec!r}: give a .jsonl / .txt of example replies or module:function")
+
+    def reply(messages: list[dict]) -> str:
+        last = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+        return str(fn(last))
+
+    return reply
+
+
+async def format_demo_items(cfg: TrainEnvConfig, env: Any, tok: Any, teacher_spec: Any) -> list[Any]:
+    """SFT items from the teacher playing ``FORMAT_DEMO_EPISODES`` training episodes (every seat) through
+    the same agent, context and chat template as the policy."""
+    from ludic.inference.client import FunctionClient, SamplingParams
+    from ludic.rollouts.engine import RolloutEngine
+    from ludic.types import SAWItem
+
+    teacher = FunctionClient(tok, demo_teacher(teacher_spec, cfg.seed))
+    sampling = SamplingParams(temperature=0.0, max_tokens=cfg.env.max_completion_tokens)
+    protos = protocols(teacher, cfg.env, env, sampling)
+    key = "single_agent" if "single_agent" in protos else "self"
+    rng = random.Random(cfg.seed + 7)
+    reqs = [RolloutRequest(EnvSpec(cfg.env.env, cfg.env.kwargs()), protocol=key, env_seed=rng.randrange(EVAL_SEED_BASE),
+                           max_steps=cfg.env.max_turns or None) for _ in range(FORMAT_DEMO_EPISODES)]
+    rollouts = await RolloutEngine(protos).generate_rollouts(reqs, progress="format demos")
+    return [SAWItem(prompt_ids=s.trace.prompt_ids, completion_ids=s.trace.completion_ids, weight=1.0)
+            for r in rollouts if not r.meta.get("failed") for s in r.steps if s.trace is not None]
+
+
+# -------------------------------------------------------------------------------------------- train
+
+
+@dataclass
+class TrainResult:
+    """What ``ludic.train`` returns: the trained policy and where its run lives."""
+
+    model: Any
+    tokenizer: Any
+    run_dir: Path
+    results: dict[str, Any]
+
+
+def train(env: Any, *, model: str | None = None, format_demos: Any = None, **overrides: Any) -> TrainResult:
+    """Train a policy on ``env`` with the defaults of ``ludic train env``, from Python.
+
+    ``env``: an env kind string, a ``LudicEnv`` class or a factory. ``overrides`` set fields of
+    ``TrainEnvConfig``, of its ``env`` section (``max_completion_tokens=``, ``env_kwargs=`` as a dict)
+    or of its ``trainer`` section (``lr=``). ``format_demos``: example replies' file, or a function
+    ``observation -> reply`` (a format cold start).
+
+        result = ludic.train(GuessEnv, train_steps=20, max_completion_tokens=24)
+        result.results["after"]["success_rate"], result.run_dir
+    """
+    cfg = TrainEnvConfig()
+    env_cfg, trainer_cfg = cfg.env, cfg.trainer
+    kind = env if isinstance(env, str) else register_python_env(env)
+    env_over = {"env": kind}
+    for k, v in overrides.items():
+        if k == "env_kwargs" and isinstance(v, dict):
+            v = json.dumps(v)
+        if k in TrainEnvConfig.__dataclass_fields__:
+            setattr(cfg, k, v)
+        elif k in EnvConfig.__dataclass_fields__:
+            env_over[k] = v
+        elif k in TrainerConfig.__dataclass_fields__:
+            trainer_cfg = replace(trainer_cfg, **{k: v})
+        else:
+            raise TypeError(f"ludic.train: unknown setting {k!r} (fields of TrainEnvConfig, EnvConfig, TrainerConfig)")
+    cfg.env, cfg.trainer = replace(env_cfg, **env_over), trainer_cfg
+    if model is not None:
+        cfg.model = model
+    return asyncio.run(_train(cfg, format_demos if format_demos is not None else (cfg.format_demos or None)))
+
+
+def train_env(cfg: TrainEnvConfig) -> dict[str, Any]:
+    """``ludic train env``."""
+    result = asyncio.run(_train(cfg, cfg.format_demos or None))
+    return {**result.results, "run_dir": str(result.run_dir)}
+
+
+async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
+    from ludic.config import dump_config
+    from ludic.inference.client import SamplingParams
+    from ludic.inference.publish import InProcessPublisher
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.recipes.tictactoe import default_run_dir
+    from ludic.rollouts.batch import RolloutBatchSource
+    from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
+    from ludic.training.algorithms import algorithm_for
+    from ludic.training.loggers import logger_names, make_logger
+    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.trainer import Trainer
+
+    logger_names(cfg.logger)
+    env = probe_env(cfg.env)
+    run_dir = Path(cfg.run_dir or default_run_dir("env"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir / "config.json")
+    lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
+    model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    engine = TransformersEngine(model, tok)
+    multi = len(env.agent_ids) > 1
+    frozen = TransformersEngine(_frozen(model), tok) if multi else None
+    sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.env.max_completion_tokens)
+    greedy = SamplingParams(temperature=0.0, max_tokens=cfg.env.max_completion_tokens)
+    train_protos = protocols(engine, cfg.env, env, sampling, frozen, greedy)
+    eval_protos = protocols(engine, cfg.env, env, greedy, frozen, greedy)
+    if multi and cfg.env.opponent not in ("self", "frozen"):
+        raise ValueError(f"--opponent must be self or frozen, got {cfg.env.opponent!r}")
+    results: dict[str, Any] = {"env": cfg.env.env, "metric": "success_rate"}
+    held_out = eval_requests(cfg.env, env, cfg.eval_episodes) if cfg.eval_episodes else []
+
+    async def evaluate(stage: str | None = None) -> dict[str, Any]:
+        out = run_dir / f"eval_{stage}.jsonl" if stage else None
+        m = await evaluate_episodes(eval_protos, held_out, out, desc=f"eval {stage or ''}".strip())
+        if stage:
+            results[stage] = m
+            print(format_summary(f"[env] {stage}", m), flush=True)
+        return m
+
+    rng = random.Random(cfg.seed)
+    n_seats = len(env.agent_ids)
+    drawn = 0
+
+    def requests_fn() -> list[RolloutRequest]:
+        nonlocal drawn
+        reqs = []
+        for _ in range(cfg.prompts_per_step):
+            key = ("single_agent" if not multi else "self" if cfg.env.opponent == "self"
+                   else f"seat{drawn % n_seats}")
+            reqs.append(RolloutRequest(EnvSpec(cfg.env.env, cfg.env.kwargs()), protocol=key,
+                                       env_seed=rng.randrange(EVAL_SEED_BASE), max_steps=cfg.env.max_turns or None))
+            drawn += 1
+        return reqs
+
+    algo = algorithm_for(cfg)
+    source = RolloutBatchSource(
+        RolloutEngine(train_protos, concurrency=64, jsonl_path=run_dir / "rollouts.jsonl"), requests_fn,
+        algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed), sample_filter=algo.sample_filter,
+        metrics_fn=env_metrics)
+    logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
+    keep = cfg.trainer.keep_best
+    trainer = Trainer(
+        model, algo, source,
+        replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
+                norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.env.max_completion_tokens),
+        publisher=InProcessPublisher(engine), logger=logger, checkpoint_dir=run_dir / "checkpoints", tokenizer=tok,
+        evaluator=(lambda: evaluate()) if held_out and (cfg.trainer.eval_every or keep) else None)
+    try:
+        if cfg.resume:
+            trainer.resume()
+        if trainer.step == 0:
+            if held_out:
+                await evaluate("base")
+            if teacher:
+                from ludic.recipes.sft import demo_sft
+
+                items = await format_demo_items(cfg, env, tok, teacher)
+                steps = max(1, cfg.format_demo_steps)
+                print(f"[env] format demos: {len(items)} teacher turns, {steps} SFT steps", flush=True)
+                await demo_sft(model, tok, items, steps=steps, batch=max(1, len(items) // steps), lr=cfg.format_demo_lr,
+                               trainer=cfg.trainer, logger=cfg.logger, desc="format demos", seed=cfg.seed,
+                               publisher=InProcessPublisher(engine))
+                if held_out:
+                    await evaluate("format_demos")
+        await trainer.train(cfg.train_steps)
+        if held_out:
+            last = trainer.best.get("last_eval")
+            if keep and trainer.best:
+                results["kept"] = {"step": trainer.best["step"], "metric": keep, "last_step": trainer.best["last_step"],
+                                   "note": "the kept step is chosen on this same evaluation"}
+                results["last"] = last
+            await evaluate("trained")
+        if cfg.final_save:
+            trainer.save()
+            model.save_pretrained(str(run_dir / "final"))
+            tok.save_pretrained(str(run_dir / "final"))
+        if "base" in results and "trained" in results:
+            results["success_gain"] = results["trained"]["success_rate"] - results["base"]["success_rate"]
+        results["headline"] = _headline(results)
+        (run_dir / "summary.json").write_text(json.dumps(results, indent=2))
+    finally:
+        logger.close()  # writes report.html, with summary.json
+    return TrainResult(model, tok, run_dir, results)
+
+
+def _headline(results: dict[str, Any]) -> dict[str, Any]:
+    """``{stage: {value, low, high, n}}`` of the success rate, for the report's first table."""
+    return {"metric": "success_rate", "stages": {
+        stage: {"value": m["success_rate"], "low": m["success_ci95_low"], "high": m["success_ci95_high"],
+                "n": m["episodes"], "reward_mean": m["reward_mean"]}
+        for stage, m in results.items() if isinstance(m, dict) and "success_ci95_low" in m}}
+
+
+def _frozen(model: Any) -> Any:
+    """A frozen copy of the starting policy (the fixed opponent of multi-player envs)."""
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+# --------------------------------------------------------------------------------------------- eval
+
+
+def eval_env(cfg: EvalEnvConfig) -> dict[str, Any]:
+    return asyncio.run(_eval_env(cfg))
+
+
+async def _eval_env(cfg: EvalEnvConfig) -> dict[str, Any]:
+    from ludic.inference.client import SamplingParams
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.training.lora import load_policy
+
+    env = probe_env(cfg.env)
+    model, tok = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    model.eval()
+    engine = TransformersEngine(model, tok)
+    sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.env.max_completion_tokens)
+    frozen = None
+    if len(env.agent_ids) > 1:  # the fixed opponent: the base model
+        base, _ = load_policy(cfg.model, dtype=cfg.dtype, seed=cfg.seed)
+        frozen = TransformersEngine(_frozen(base), tok)
+    protos = protocols(engine, cfg.env, env, sampling, frozen, SamplingParams(temperature=0.0,
+                                                                               max_tokens=cfg.env.max_completion_tokens))
+    m = await evaluate_episodes(protos, eval_requests(cfg.env, env, cfg.episodes), Path(cfg.out), desc="eval env")
+    print(format_summary(f"{cfg.env.env}", m))
+    print(f"episodes written to {cfg.out}")
+    return m
