@@ -37,3 +37,26 @@ def test_per_stage_results_become_one_column_per_stage(tmp_path):
     page = build_report(tmp_path).read_text()
     assert "<th>before</th><th>after</th>" in page
     assert "<tr><td>accuracy</td><td>0.07</td><td>0.33</td></tr>" in page and "accuracy_gain" in page
+
+
+def test_the_report_leads_with_the_headline_and_folds_the_raw_results(tmp_path):
+    """The page opens on the headline score per stage with its interval, then curves, trajectories and
+    config; the raw results come last, folded."""
+    import json
+
+    from ludic.report import build_report
+
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "reward_mean": i / 10}) + "\n" for i in range(3)))
+    stage = {"success_rate": 0.25, "success_ci95_low": 0.15, "success_ci95_high": 0.38, "episodes": 64}
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "base": stage, "trained": {**stage, "success_rate": 0.5},
+        "kept": {"step": 20, "last_step": 30, "metric": "success_rate"},
+        "headline": {"metric": "success_rate", "stages": {
+            "base": {"value": 0.25, "low": 0.15, "high": 0.38, "n": 64},
+            "trained": {"value": 0.5, "low": 0.38, "high": 0.62, "n": 64}}}}))
+    page = build_report(tmp_path).read_text()
+    order = [page.index(h) for h in ("Headline: success_rate", "Learning curves", "Sample trajectories", "<h2>Config",
+                                     "<h2>Evaluation")]
+    assert order == sorted(order)
+    assert "50.0%" in page and "38.0% - 62.0%" in page and "Kept weights: step 20 of 30" in page
+    assert page.index("<details><summary>every result") > page.index("<h2>Evaluation")

@@ -2,7 +2,8 @@
 
     ludic report runs/qa-20261123-1200            (re)write runs/.../report.html
 
-What the page shows, from the files a run writes:
+What the page shows, in this order, from the files a run writes: the headline score per stage with
+its 95% interval, the learning curves, sample trajectories, the config, then every result (folded):
     ``metrics.jsonl``   learning curves (reward, success, loss, KL, entropy, clip fraction, lengths,
                         stale share, ... every numeric series that varies), one inline SVG each,
                         one point per row that carries the metric
@@ -168,6 +169,51 @@ def result_tables(run_dir: Path) -> str:
     return "".join(parts) or "<p>No evaluation results in this run directory.</p>"
 
 
+def headline_html(run_dir: Path) -> str:
+    """The first table of the page: the headline score per stage with its 95% interval. From a result
+    file's ``headline`` (``{"metric", "stages": {stage: {value, low, high, n}}}``, ``ludic train env``),
+    else the first key result (``KEY_RESULTS``) of per-stage results, with its ``_ci95_low/high`` when
+    the run wrote them."""
+    for name in RESULT_FILES:
+        try:
+            data = json.loads((run_dir / name).read_text())
+        except (OSError, ValueError):
+            continue
+        head = data.get("headline") if isinstance(data, dict) else None
+        if isinstance(head, dict) and head.get("stages"):
+            metric, stages = str(head.get("metric", "score")), head["stages"]
+            rows = {st: (v.get("value"), v.get("low"), v.get("high"), v.get("n")) for st, v in stages.items()}
+            return _headline_table(metric, rows, data.get("kept"))
+        split = _stage_columns(data)
+        if split is None:
+            continue
+        flat = {st: dict(_flatten(v)) for st, v in split[0].items()}
+        names = sorted({k for v in flat.values() for k in v if "ci95" not in k and isinstance(v[k], (int, float))},
+                       key=_rank)
+        key = next((k for k in names if _rank(k)[0] < len(KEY_RESULTS)), None)
+        if key is None:
+            continue
+        rows = {st: (v.get(key), v.get(f"{key}_ci95_low"), v.get(f"{key}_ci95_high"), None) for st, v in flat.items()}
+        return _headline_table(key, rows, None)
+    return ""
+
+
+def _headline_table(metric: str, rows: dict[str, tuple], kept: Any) -> str:
+    def pct(x: Any) -> str:
+        return f"{x * 100:.1f}%" if isinstance(x, (int, float)) and 0 <= x <= 1 else _fmt(x) if x is not None else ""
+
+    body = "".join(f"<tr><td>{html.escape(st)}</td><td><b>{pct(v)}</b></td><td>"
+                   f"{pct(lo) + ' - ' + pct(hi) if lo is not None and hi is not None else ''}</td><td>"
+                   f"{'' if n is None else n}</td></tr>" for st, (v, lo, hi, n) in rows.items())
+    note = ""
+    if isinstance(kept, dict):
+        note = (f"<p>Kept weights: step {html.escape(str(kept.get('step')))} of {html.escape(str(kept.get('last_step')))}, "
+                f"chosen by {html.escape(str(kept.get('metric')))} on this same evaluation (the last step's scores "
+                "are in the results below).</p>")
+    return (f"<h2>Headline: {html.escape(metric)}</h2><table class='res'><tr><th>stage</th><th>{html.escape(metric)}"
+            f"</th><th>95% interval</th><th>episodes</th></tr>{body}</table>{note}")
+
+
 _THINK = re.compile(r"^\s*(<think>.*?</think>)(.*)$", re.DOTALL | re.IGNORECASE)
 
 
@@ -287,10 +333,12 @@ def build_report(run_dir: str | Path, tokenizer: Any = None) -> Path:
         f"<h1>Ludic run <code>{html.escape(str(run_dir))}</code></h1>"
         f"<p>{len(rows)} rows in metrics.jsonl{'; stages: ' + ', '.join(d.name for d in stage_dirs(run_dir)) if stages else ''}; "
         f"rebuild with <code>ludic report {html.escape(str(run_dir))}</code>.</p>"
+        f"{headline_html(run_dir)}"
         f"<h2>Learning curves</h2><div class='plots'>{plots}</div>"
-        f"<h2>Evaluation</h2>{result_tables(run_dir)}{stages}"
         f"<h2>Sample trajectories</h2>{trajectories(run_dir, tok)}"
         f"<h2>Config</h2><details><summary>config.json</summary><pre>{html.escape(config)}</pre></details>"
+        f"<h2>Evaluation</h2><details><summary>every result, per stage</summary>{result_tables(run_dir)}</details>"
+        f"{stages}"
         "</body></html>"
     )
     out = run_dir / "report.html"
