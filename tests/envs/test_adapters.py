@@ -110,6 +110,11 @@ def test_reasoning_gym_scores_with_the_datasets_own_grader_on_disjoint_splits(to
 
     out = env.step({"agent_0": "about twenty legs"})["agent_0"]
     assert out.reward == 0.0 and out.info["no_answer"] is True
+    env.reset(seed=3)  # answer="auto": without a tag, a numeric reference is read as the reply's last number
+    assert env.step({"agent_0": f"So 3 + 4 ... the total is {answers[obs]}."})["agent_0"].reward == 1.0
+    tag_only = make_env(EnvSpec("reasoning_gym:leg_counting", {"answer": "tag"}))
+    tag_only.reset(seed=3)
+    assert tag_only.step({"agent_0": f"the total is {answers[obs]}"})["agent_0"].info["no_answer"] is True
     with pytest.raises(ValueError, match="no dataset 'leg_countin'"):
         make_env(EnvSpec("reasoning_gym:leg_countin"))
 

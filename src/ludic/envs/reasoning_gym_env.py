@@ -28,10 +28,21 @@ INSTRUCTION = ("Think briefly if you need to, then give the final answer inside 
 _ANSWER = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL | re.IGNORECASE)
 
 
-def extract_answer(reply: str) -> str | None:
-    """The last ``<answer>...</answer>`` of a reply, stripped (None when there is none)."""
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def extract_answer(reply: str, reference: str | None = None, mode: str = "auto") -> str | None:
+    """The answer in a reply. ``tag``: the last ``<answer>...</answer>``, stripped (None when there is
+    none). ``auto``: that, else, when the reference answer is a number, the reply's last number."""
     found = _ANSWER.findall(reply)
-    return found[-1].strip() if found else None
+    if found:
+        return found[-1].strip()
+    if mode == "auto" and reference is not None and _NUMBER.fullmatch(reference.strip()):
+        numbers = _NUMBER.findall(reply)
+        return numbers[-1] if numbers else None
+    if mode not in ("auto", "tag"):
+        raise ValueError(f"answer mode must be 'auto' or 'tag', got {mode!r}")
+    return None
 
 
 @functools.lru_cache(maxsize=32)
@@ -58,18 +69,21 @@ class ReasoningGymEnv(SingleAgentEnv):
         train_size / eval_size: entries in each split.
         dataset_seed: the generator's seed.
         instruction: appended to the question (how to format the answer).
-        no_answer_reward: reward of a reply without an answer tag (its score would be 0 anyway).
+        answer: ``auto`` (the answer tag, else the last number for numeric answers) or ``tag`` only.
+        no_answer_reward: reward of a reply without an answer (its score would be 0 anyway).
     """
 
     max_turns = 1
 
     def __init__(self, name: str, *, config: dict[str, Any] | None = None, split: str = "train",
                  train_size: int = 100_000, eval_size: int = 1_000, dataset_seed: int = 0,
-                 instruction: str = INSTRUCTION, no_answer_reward: float = 0.0) -> None:
+                 instruction: str = INSTRUCTION, answer: str = "auto", no_answer_reward: float = 0.0) -> None:
         super().__init__()
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-        self.name, self.split, self.instruction = name, split, instruction
+        if answer not in ("auto", "tag"):
+            raise ValueError(f"answer must be 'auto' or 'tag', got {answer!r}")
+        self.name, self.split, self.instruction, self.answer_mode = name, split, instruction, answer
         self.train_size, self.eval_size, self.no_answer_reward = int(train_size), int(eval_size), no_answer_reward
         self.dataset = _dataset(name, tuple(sorted((config or {}).items())), int(dataset_seed),
                                 self.train_size + self.eval_size)
@@ -84,7 +98,7 @@ class ReasoningGymEnv(SingleAgentEnv):
                 {"dataset": self.name, "index": index, "split": self.split})
 
     def env_step(self, action: str) -> StepOutcome:
-        answer = extract_answer(action)
+        answer = extract_answer(action, str(self.entry.get("answer", "")), self.answer_mode)
         if answer is None:
             score, reward = 0.0, self.no_answer_reward
         else:
