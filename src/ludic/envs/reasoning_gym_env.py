@@ -23,8 +23,9 @@ from typing import Any
 from ludic.envs.base import SingleAgentEnv
 from ludic.types import JSON, StepOutcome
 
-INSTRUCTION = ("Think briefly if you need to, then give the final answer inside <answer></answer> tags, "
-               "e.g. <answer>42</answer>.")
+INSTRUCTION = "Give the final answer inside <answer></answer> tags."
+"""No example answer: a small model copies it (with "e.g. <answer>42</answer>", SmolLM2-135M answered 42
+to most questions)."""
 _ANSWER = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL | re.IGNORECASE)
 
 
