@@ -296,9 +296,8 @@ def test_keep_best_ends_on_the_best_evaluated_weights(tiny_model_dir, tmp_path):
     async def evaluator():
         return {"success_rate": next(scores), "episodes": 8}
 
-    model, engine, trainer = vowel_grpo_trainer(tiny_model_dir, tmp_path, TrainerConfig(lr=5e-2, eval_every=1,
-                                                                                         keep_best="success_rate"))
-    trainer.evaluator = evaluator
+    model, engine, trainer = vowel_grpo_trainer(tiny_model_dir, tmp_path, TrainerConfig(lr=5e-2))
+    trainer.evaluator, trainer.eval_every, trainer.keep_best = evaluator, 1, "success_rate"
     seen, history = {}, []
 
     def on_step(step, m):
@@ -313,7 +312,7 @@ def test_keep_best_ends_on_the_best_evaluated_weights(tiny_model_dir, tmp_path):
     assert all(torch.equal(now[n], seen[2][n]) for n in now) and not all(torch.equal(now[n], seen[3][n]) for n in now)
     assert engine.policy_version == trainer.policy_version == 4  # the restored weights were published
     with pytest.raises(ValueError, match="keep_best='success_rate' needs an evaluator"):
-        asyncio.run(Trainer(model, make_sft(), FixedSource([]), TrainerConfig(keep_best="success_rate"),
+        asyncio.run(Trainer(model, make_sft(), FixedSource([]), keep_best="success_rate",
                             tokenizer=trainer.tokenizer).train(1))
 
 

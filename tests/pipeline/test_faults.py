@@ -36,7 +36,9 @@ def config(tiny_model_dir: Path, redis_url: str, run_dir: Path, steps: int) -> T
         model=str(tiny_model_dir), redis_url=redis_url, stream_prefix="f", run_dir=str(run_dir), train_steps=steps,
         group_size=2, rollouts_per_update=4, max_completion_tokens=6, concurrency=8, logger="none", dtype="float32",
         max_unread=12, batch_timeout_s=240, eval_episodes=0, behavior_is="token_truncate",
-        trainer=TrainerConfig(lr=1e-4, checkpoint_every=2, max_lag=3, max_to_keep=2))
+        # the tiny random model never plays a legal move: every reward is the same, which the trainer would
+        # (rightly) stop on after max_no_signal_steps; these tests exercise the plumbing, not learning
+        trainer=TrainerConfig(lr=1e-4, checkpoint_every=2, max_lag=3, max_to_keep=2, max_no_signal_steps=0))
 
 
 def spawn_learner(cfg: TrainTicTacToeConfig, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -269,7 +271,7 @@ def test_overlap_in_one_process(redis_server, tiny_model_dir, tmp_path):
 
     run_dir = tmp_path / "run"
     cfg = replace(config(tiny_model_dir, redis_server.url, run_dir, steps=3), overlap=True, stream_prefix="ov",
-                  trainer=TrainerConfig(lr=1e-4, checkpoint_every=1, max_to_keep=2))
+                  trainer=TrainerConfig(lr=1e-4, checkpoint_every=1, max_to_keep=2, max_no_signal_steps=0))
     out = run_local(cfg)
     assert out["step"] == 3
     assert not [t for t in threading.enumerate() if t.name == "ludic-overlap-actor"], "the actor thread outlived the run"

@@ -98,6 +98,11 @@ class TrainEnvConfig:
     full_finetune: bool = False
     eval_episodes: int = 64
     """Held-out episodes (greedy) before and after training; 0: no evaluation."""
+    eval_every: int = 0
+    """Also evaluate every N steps (logged as eval/*; 0: before and after only)."""
+    keep_best: bool = False
+    """End on the weights of the best evaluation (by success rate; needs --eval-every); the summary and the
+    report show the last evaluation beside the kept one, chosen on that same evaluation."""
     format_demos: str = ""
     """Example replies (.jsonl / .txt) or module:function (observation -> reply) for a format cold start."""
     format_demo_steps: int = 10
@@ -435,13 +440,16 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
         algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed), sample_filter=algo.sample_filter,
         metrics_fn=env_metrics)
     logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
-    keep = cfg.trainer.keep_best
+    keep = "success_rate" if cfg.keep_best else ""
+    if keep and not (held_out and cfg.eval_every):
+        raise ValueError("--keep-best needs --eval-every N and --eval-episodes > 0")
     trainer = Trainer(
         model, algo, source,
         replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
                 norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.env.max_completion_tokens),
         publisher=InProcessPublisher(engine), logger=logger, checkpoint_dir=run_dir / "checkpoints", tokenizer=tok,
-        evaluator=(lambda: evaluate()) if held_out and (cfg.trainer.eval_every or keep) else None)
+        evaluator=(lambda: evaluate()) if held_out and cfg.eval_every else None, eval_every=cfg.eval_every,
+        keep_best=keep)
     try:
         if cfg.resume:
             trainer.resume()

@@ -68,14 +68,6 @@ class TrainerConfig:
     token log-probs with a hand-written backward, the static decoder and LoRA decode view, fp32
     attention for bf16). --no-fast-path runs stock transformers, peft and SDPA, as LUDIC_FAST_PATH=0
     does. The fast path runs on CPU only either way."""
-    eval_every: int = 0
-    """With an ``evaluator`` given to the Trainer: evaluate every this many steps (and at the last step),
-    logging ``eval/<metric>``; 0: only where the caller evaluates."""
-    keep_best: str = ""
-    """Keep the best weights by this evaluator metric (e.g. ``success_rate``, higher is better): after
-    ``train`` the trainable weights are those of the best evaluation, and ``trainer.best`` says which step
-    and what the last step scored. The kept round is chosen on the same evaluation it is reported on, so
-    report it beside the last one. Empty: the last weights stay."""
     kl_target: float | None = None
     """Adaptive KL controller (PPO): after each batch the loss's ``kl_coef`` is multiplied by
     1 + clip(kl / kl_target - 1, -0.2, 0.2) * items / kl_horizon (Ziegler et al.); None: fixed."""

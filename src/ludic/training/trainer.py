@@ -129,9 +129,13 @@ class Trainer:
             disabled; with full fine-tuning, a frozen copy of the model made here (the starting policy).
         pad_token_id: padding id for collation (default: the tokenizer's pad id, else its or the
             model's eos id; an error when none can be found).
-        evaluator: ``async () -> {metric: value}`` on held-out data, called every ``cfg.eval_every``
-            steps and at the last step of ``train`` (logged as ``eval/<metric>``); with
-            ``cfg.keep_best`` the best-scoring weights are restored at the end of ``train``.
+        evaluator: ``async () -> {metric: value}`` on held-out data, called every ``eval_every``
+            steps and at the last step of ``train`` (logged as ``eval/<metric>``).
+        eval_every: evaluate every this many steps (0: only at the last step of ``train``).
+        keep_best: keep the best weights by this evaluator metric (e.g. ``success_rate``, higher is
+            better): after ``train`` the trainable weights are those of the best evaluation, and
+            ``trainer.best`` says which step and what the last step scored. The kept step is chosen on
+            the same evaluation it is reported on, so report it beside the last one. "": the last stay.
         objective: per-micro-batch ``(trainer, micro_batch, totals) -> (loss, stats)``;
             defaults to the policy-gradient objective of ``algorithm.loss`` (DPO supplies its own).
         group_key: item meta key whose items must share a micro-batch (e.g. DPO pairs).
@@ -153,6 +157,8 @@ class Trainer:
         objective: Objective | None = None,
         group_key: str | None = None,
         evaluator: Callable[[], Awaitable[dict[str, float]]] | None = None,
+        eval_every: int = 0,
+        keep_best: str = "",
     ) -> None:
         self.model = model
         self.algorithm = algorithm
@@ -172,7 +178,7 @@ class Trainer:
             ref_model = _frozen_copy(model)
         self.ref_model = ref_model
         self.pad_token_id = _pad_id(pad_token_id, tokenizer, model)
-        self.evaluator = evaluator
+        self.evaluator, self.eval_every, self.keep_best = evaluator, eval_every, keep_best
         self.best: dict[str, Any] = {}
         """With ``keep_best``: ``{"step", "metric", "value", "eval", "last_step", "last_eval"}`` of the best
         evaluation and of the last one."""
@@ -280,9 +286,9 @@ class Trainer:
     def _no_signal_message(self, metrics: dict[str, Any]) -> str:
         groups = metrics.get("zero_var_group_share")
         why = (f"every group had zero variance (zero_var_group_share={groups:.2f}: all its episodes scored the "
-               "same), so" if groups is not None else "")
+               "same), so " if groups is not None else "")
         return (
-            f"{self.no_signal_streak} steps in a row had no learning signal: {why} every advantage was 0 and the "
+            f"{self.no_signal_streak} steps in a row had no learning signal: {why}every advantage was 0 and the "
             "policy gradient was 0 (last batch: "
             f"{ {k: metrics[k] for k in ('reward_mean', 'parse_error_rate', 'failed_rate') if k in metrics} }).\n"
             "Likely causes: a format the model never produces (its replies never parse or never contain the "
@@ -585,18 +591,18 @@ class Trainer:
         """Run until ``self.step == num_steps`` (resumed runs continue from their step). With an
         evaluator: evaluate every ``eval_every`` steps and at the last, and with ``keep_best`` end on
         the best evaluated weights (``self.best``)."""
-        if self.cfg.keep_best and self.evaluator is None:
-            raise ValueError(f"keep_best={self.cfg.keep_best!r} needs an evaluator (Trainer(evaluator=...))")
+        if self.keep_best and self.evaluator is None:
+            raise ValueError(f"keep_best={self.keep_best!r} needs an evaluator (Trainer(evaluator=...))")
         while self.step < num_steps:
             metrics = await self.train_step()
-            every = self.cfg.eval_every
+            every = self.eval_every
             if self.evaluator is not None and ((every and self.step % every == 0) or self.step == num_steps):
                 metrics.update(await self.evaluate())
             if on_step is not None:
                 res = on_step(self.step, metrics)
                 if hasattr(res, "__await__"):
                     await res  # type: ignore[misc]
-        if self.cfg.keep_best and self._best_state is not None and self.best.get("step") != self.step:
+        if self.keep_best and self._best_state is not None and self.best.get("step") != self.step:
             self._restore_best()
 
     async def evaluate(self) -> dict[str, Any]:
@@ -612,7 +618,7 @@ class Trainer:
         out = {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
         if self.logger is not None:
             self.logger.log(self.step, out)
-        key = self.cfg.keep_best
+        key = self.keep_best
         if key:
             if key not in result:
                 raise KeyError(f"keep_best={key!r}: the evaluator returned no such metric ({sorted(result)})")
