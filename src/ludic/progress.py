@@ -65,11 +65,13 @@ class Progress:
         stream: where it goes (stderr by default, so stdout stays for results).
         every_s: seconds between lines when not on a terminal.
         mode: ``bar``, ``lines`` or ``off``; None picks by ``progress_mode``.
+        eta_after: units done before an ETA is shown. Concurrent units (episodes in flight together)
+            finish in bursts, so an ETA from the first one is far off; the rollout engine waits for 5%.
     """
 
     def __init__(self, desc: str, total: int | None = None, *, unit: str = "it", stream: TextIO | None = None,
-                 every_s: float | None = None, mode: str | None = None, start: int = 0) -> None:
-        self.desc, self.total, self.unit = desc, total, unit
+                 every_s: float | None = None, mode: str | None = None, start: int = 0, eta_after: int = 1) -> None:
+        self.desc, self.total, self.unit, self.eta_after = desc, total, unit, max(1, eta_after)
         self.stream = stream or sys.stderr
         self.mode = mode or progress_mode(self.stream)
         self.every_s = float(os.environ.get("LUDIC_PROGRESS_EVERY", 30.0)) if every_s is None else every_s
@@ -105,7 +107,7 @@ class Progress:
 
     def eta_s(self) -> float | None:
         done = self.n - self.start
-        if not self.total or done <= 0:
+        if not self.total or done < self.eta_after:
             return None
         return (time.monotonic() - self.t0) / done * max(0, self.total - self.n)
 

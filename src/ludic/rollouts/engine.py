@@ -157,7 +157,8 @@ class RolloutEngine:
         sem = asyncio.Semaphore(self.concurrency)
         start = self.episodes
         self.episodes += len(requests)
-        bar = Progress(progress, len(requests), unit="episode") if progress else None
+        bar = (Progress(progress, len(requests), unit="episode", eta_after=max(2, len(requests) // 20))
+               if progress else None)
         errors = 0
 
         async def one(i: int, req: RolloutRequest) -> list[Rollout]:
