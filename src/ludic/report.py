@@ -337,7 +337,9 @@ def build_report(run_dir: str | Path, tokenizer: Any = None) -> Path:
         f"<h2>Learning curves</h2><div class='plots'>{plots}</div>"
         f"<h2>Sample trajectories</h2>{trajectories(run_dir, tok)}"
         f"<h2>Config</h2><details><summary>config.json</summary><pre>{html.escape(config)}</pre></details>"
-        f"<h2>Evaluation</h2><details><summary>every result, per stage</summary>{result_tables(run_dir)}</details>"
+        f"<h2>Evaluation</h2><details><summary>every result, per stage"
+        f"{' (' + ', '.join(n for n in RESULT_FILES if (run_dir / n).exists()) + ')' if any((run_dir / n).exists() for n in RESULT_FILES) else ''}"
+        f"</summary>{result_tables(run_dir)}</details>"
         f"{stages}"
         "</body></html>"
     )
