@@ -92,7 +92,9 @@ class TrainEnvConfig:
     temperature: float = 1.0
     algorithm: str = "grpo"
     kl_coef: float = 0.0
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=5e-5))
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=2e-4))
+    """lr 2e-4: on reasoning-gym gcd (values 2-40, seed 0, 30 steps) 5e-5 left the sampled reward flat
+    (0.16 -> 0.19 over 5-step windows) and 2e-4 doubled it (0.15 -> 0.34); one task, one seed so far."""
     lora_rank: int = 16
     lora_alpha: float = 32.0
     full_finetune: bool = False
