@@ -6,6 +6,7 @@ the module is imported on first access of the name (PEP 562)."""
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any, Callable
 
 
@@ -17,7 +18,7 @@ def lazy_exports(package: str, names: dict[str, str]) -> tuple[Callable[[str], A
             return getattr(importlib.import_module(names[name]), name)
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
-    def __dir__() -> list[str]:
-        return sorted(names)
+    def __dir__() -> list[str]:  # the module's own names and the lazy ones
+        return sorted(set(vars(sys.modules[package])) | set(names))
 
     return __getattr__, __dir__

@@ -19,12 +19,21 @@ import functools
 import importlib
 import os
 import sys
-from typing import Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 from ludic.envs.base import LudicEnv
 from ludic.types import EnvSpec
 
 T = TypeVar("T")
+
+
+def import_attr(path: str) -> Any:
+    """``"package.module:attr"`` -> the object, the working directory importable as under ``python -m``
+    (a console script's ``sys.path`` lacks it)."""
+    module, attr = path.split(":", 1)
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    return getattr(importlib.import_module(module), attr)
 
 
 class Registry(Generic[T]):
@@ -76,12 +85,9 @@ class EnvRegistry(Registry[EnvFactory]):
             return None
         prefix, rest = name.split(":", 1)
         if prefix in ADAPTERS:
-            module, attr = ADAPTERS[prefix].split(":")
-            return functools.partial(getattr(importlib.import_module(module), attr), rest)
+            return functools.partial(import_attr(ADAPTERS[prefix]), rest)
         try:
-            if os.getcwd() not in sys.path and "" not in sys.path:  # as `python -m` does: the working directory's modules
-                sys.path.append(os.getcwd())
-            obj = getattr(importlib.import_module(prefix), rest)
+            obj = import_attr(name)
         except (ImportError, AttributeError) as e:
             raise KeyError(f"env kind {name!r}: not a registered name ({self.names()}), not an adapter prefix "
                            f"({sorted(ADAPTERS)}), and {prefix}:{rest} does not import ({type(e).__name__}: {e})") from e

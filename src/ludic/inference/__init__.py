@@ -6,6 +6,7 @@
     publishers           push new weights / adapters to engines after optimizer steps
 """
 
+from ludic._lazy import lazy_exports
 from ludic.inference.client import ChatClient, ChatRequest, ChatResponse, SamplingParams
 
 _LAZY = {
@@ -21,12 +22,6 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'ludic.inference' has no attribute {name!r}")
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 __all__ = ["ChatClient", "ChatRequest", "ChatResponse", "SamplingParams", *_LAZY]

@@ -29,8 +29,6 @@ signal and says so.
 from __future__ import annotations
 
 import asyncio
-import copy
-import importlib
 import json
 import math
 import random
@@ -39,6 +37,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ludic.envs.registry import import_attr
 from ludic.inference.models import DEFAULT_MODEL
 from ludic.training.config import TrainerConfig
 from ludic.types import EnvSpec, Rollout, RolloutRequest
@@ -240,21 +239,21 @@ def summarize(rollouts: Sequence[Rollout]) -> dict[str, Any]:
     n = len(trained)
     lo, hi = wilson_interval(wins, n)
     rewards = [r.total_reward for r in ok] or [0.0]
+    mean = statistics.fmean(rewards)
     half = Z95 * statistics.pstdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.0
     return {"episodes": n, "success_rate": wins / n if n else 0.0, "success_ci95_low": lo, "success_ci95_high": hi,
-            "reward_mean": statistics.fmean(rewards), "reward_ci95_low": statistics.fmean(rewards) - half,
-            "reward_ci95_high": statistics.fmean(rewards) + half,
+            "reward_mean": mean, "reward_ci95_low": mean - half, "reward_ci95_high": mean + half,
             "failed_rate": (n - len(ok)) / n if n else 0.0,
             "parse_error_rate": statistics.fmean(any(s.parse_error for s in r.steps) for r in ok) if ok else 0.0,
             "turns_mean": statistics.fmean(len(r.steps) for r in ok) if ok else 0.0}
 
 
-def eval_requests(opts: EnvConfig, env: Any, episodes: int, *, multi_key: str | None = None) -> list[RolloutRequest]:
+def eval_requests(opts: EnvConfig, env: Any, episodes: int) -> list[RolloutRequest]:
     """Held-out episodes: seeds from ``EVAL_SEED_BASE``, the env's eval split; multi-player envs alternate
     the policy's seat against the frozen one (``seat<k>`` protocols)."""
     n_seats = len(env.agent_ids)
     spec = EnvSpec(opts.env, _eval_kwargs(opts))
-    return [RolloutRequest(spec, protocol="single_agent" if n_seats == 1 else (multi_key or f"seat{i % n_seats}"),
+    return [RolloutRequest(spec, protocol="single_agent" if n_seats == 1 else f"seat{i % n_seats}",
                            env_seed=EVAL_SEED_BASE + i, sampling_seed=i, max_steps=opts.max_turns or None)
             for i in range(episodes)]
 
@@ -299,8 +298,7 @@ def demo_teacher(spec: str | Callable[[str], str], seed: int = 0) -> Callable[[l
         rng = random.Random(seed)
         fn = lambda obs: rng.choice(replies)  # noqa: E731
     elif ":" in spec:
-        module, attr = spec.split(":", 1)
-        fn = getattr(importlib.import_module(module), attr)
+        fn = import_attr(spec)
     else:
         raise ValueError(f"--format-demos {spec!r}: give a .jsonl / .txt of example replies or module:function")
 
@@ -392,7 +390,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     from ludic.training.algorithms import algorithm_for
     from ludic.training.loggers import logger_names, make_logger
     from ludic.training.lora import LoraSettings, load_policy
-    from ludic.training.trainer import Trainer
+    from ludic.training.trainer import Trainer, frozen_copy
 
     logger_names(cfg.logger)
     env = probe_env(cfg.env)
@@ -403,7 +401,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
     engine = TransformersEngine(model, tok)
     multi = len(env.agent_ids) > 1
-    frozen = TransformersEngine(_frozen(model), tok) if multi else None
+    frozen = TransformersEngine(frozen_copy(model), tok) if multi else None
     sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.env.max_completion_tokens)
     greedy = SamplingParams(temperature=0.0, max_tokens=cfg.env.max_completion_tokens)
     train_protos = protocols(engine, cfg.env, env, sampling, frozen, greedy)
@@ -498,15 +496,6 @@ def _headline(results: dict[str, Any]) -> dict[str, Any]:
         for stage, m in results.items() if isinstance(m, dict) and "success_ci95_low" in m}}
 
 
-def _frozen(model: Any) -> Any:
-    """A frozen copy of the starting policy (the fixed opponent of multi-player envs)."""
-    ref = copy.deepcopy(model)
-    ref.eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
-
-
 # --------------------------------------------------------------------------------------------- eval
 
 
@@ -527,7 +516,8 @@ async def _eval_env(cfg: EvalEnvConfig) -> dict[str, Any]:
     frozen = None
     if len(env.agent_ids) > 1:  # the fixed opponent: the base model
         base, _ = load_policy(cfg.model, dtype=cfg.dtype, seed=cfg.seed)
-        frozen = TransformersEngine(_frozen(base), tok)
+        base.eval()
+        frozen = TransformersEngine(base, tok)
     protos = protocols(engine, cfg.env, env, sampling, frozen, SamplingParams(temperature=0.0,
                                                                                max_tokens=cfg.env.max_completion_tokens))
     m = await evaluate_episodes(protos, eval_requests(cfg.env, env, cfg.episodes), Path(cfg.out), desc="eval env")

@@ -175,7 +175,7 @@ class Trainer:
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.tokenizer = tokenizer
         if ref_model is None and _needs_ref_copy(model, algorithm):
-            ref_model = _frozen_copy(model)
+            ref_model = frozen_copy(model)
         self.ref_model = ref_model
         self.pad_token_id = _pad_id(pad_token_id, tokenizer, model)
         self.evaluator, self.eval_every, self.keep_best = evaluator, eval_every, keep_best
@@ -272,12 +272,12 @@ class Trainer:
         steps in which it was 1: nothing to learn from."""
         zero = total = 0
         for it in items:
-            mask = it.action_mask or (1,) * len(it.completion_ids)
-            weights = it.token_weights or (it.weight,) * len(it.completion_ids)
-            for m, w in zip(mask, weights):
-                if m:
-                    total += 1
-                    zero += w == 0.0
+            total += it.num_action_tokens
+            if it.token_weights is None:  # one weight for the item: no per-token pass
+                zero += it.num_action_tokens if it.weight == 0.0 else 0
+            else:
+                mask = it.action_mask or (1,) * len(it.completion_ids)
+                zero += sum(1 for m, w in zip(mask, it.token_weights) if m and w == 0.0)
         zero, total = self._global_sum(zero), self._global_sum(total)
         share = zero / total if total else 1.0
         self.no_signal_streak = self.no_signal_streak + 1 if share == 1.0 else 0
@@ -713,8 +713,9 @@ def _needs_ref_copy(model: Any, algorithm: Any) -> bool:
     return bool(loss is not None and loss.needs_ref_logp and not hasattr(model, "disable_adapter"))
 
 
-def _frozen_copy(model: Any) -> Any:
-    """A frozen, eval-mode copy of ``model``: the reference policy of a full fine-tuning run."""
+def frozen_copy(model: Any) -> Any:
+    """A frozen, eval-mode copy of ``model``: the reference policy of a full fine-tuning run, the fixed
+    opponent of ``ludic train env`` on a multi-player env."""
     import copy
 
     ref = copy.deepcopy(model)
