@@ -151,3 +151,22 @@ def test_an_env_from_an_import_path_and_a_gymnasium_env_that_raises(tokenizer):
     assert r.meta["failed"] and "simulator crashed" in r.meta["error"] and r.meta["error_stage"] == "env.step"
     with pytest.raises(TypeError, match="Gymnasium-style env with reset"):
         GymTextEnv(object())
+
+
+def test_textarena_game_options_reach_the_game_and_a_bad_reward_names_the_game(tokenizer):
+    """``--env-kwargs '{"max_rounds": 1}'`` is a game option (it reached the adapter's constructor and
+    raised a TypeError); ThreeCardMonte-v0's invalid move hands its reason over as the reward (the game
+    swaps set_invalid_move's arguments): a failed rollout whose error says which game gave what."""
+    require("textarena")
+    env = make_env(EnvSpec("textarena:KuhnPoker-v0", {"max_rounds": 1}))
+    assert env.env_kwargs == {"max_rounds": 1}
+    env.reset(seed=3)
+    assert env.env.max_rounds == 1
+    both = make_env(EnvSpec("textarena:KuhnPoker-v0", {"max_rounds": 2, "env_kwargs": {"max_rounds": 5}}))
+    assert both.env_kwargs == {"max_rounds": 2}
+
+    client = FunctionClient(tokenizer, lambda m: "no idea")
+    engine = RolloutEngine({"single_agent": lambda: SingleAgentProtocol(Agent(client, make_context("last")))})
+    (r,) = run(engine, [RolloutRequest(EnvSpec("textarena:ThreeCardMonte-v0"), env_seed=0)])
+    assert r.meta["failed"]
+    assert "ThreeCardMonte-v0" in r.meta["error"] and "non-numeric reward" in r.meta["error"]

@@ -80,7 +80,9 @@ class TextArenaEnv(LudicEnv):
         seats: ``"all"``, ``"seed"``, or the player numbers Ludic's agents play.
         num_players: players in the game (default: the smallest count it accepts, 1 or 2).
         opponent: plays every player no agent plays: ``(player_id, observation) -> answer``.
-        env_kwargs: passed to ``textarena.make``.
+        env_kwargs: passed to ``textarena.make`` (the game's options, e.g. ``{"max_rounds": 1}``).
+        **game_kwargs: more game options, the same as ``env_kwargs`` and taking precedence: an env spec's
+            ``{"max_rounds": 1}`` reaches the game.
         max_turns: the protocol's turn limit for requests that set none (``LudicEnv.max_turns``); the
             game's own limit usually ends it first.
     """
@@ -90,8 +92,8 @@ class TextArenaEnv(LudicEnv):
 
     def __init__(self, game_id: str, *, seats: str | Sequence[int] = "all", num_players: int | None = None,
                  opponent: Opponent | None = None, env_kwargs: dict[str, Any] | None = None,
-                 max_turns: int = 64) -> None:
-        self.game_id, self.env_kwargs = game_id, dict(env_kwargs or {})
+                 max_turns: int = 64, **game_kwargs: Any) -> None:
+        self.game_id, self.env_kwargs = game_id, {**(env_kwargs or {}), **game_kwargs}
         self.num_players = int(num_players) if num_players else _players(game_id, self.env_kwargs)
         self.opponent, self.max_turns = opponent, max_turns
         if seats == "seed":
@@ -156,7 +158,12 @@ class TextArenaEnv(LudicEnv):
         rewards = rewards or {}
         out = {}
         for agent, player in self.seat_of.items():
-            r = float(rewards.get(player, 0.0))
+            raw = rewards.get(player, 0.0)
+            try:
+                r = float(raw)
+            except (TypeError, ValueError):
+                raise ValueError(f"TextArena {self.game_id} gave player {player} a non-numeric reward {raw!r} "
+                                 "(a bug in the game)") from None
             gi = dict((game_info or {}).get(player, {}))
             if self.num_players == 1:  # a score: 1 solves the game, less is partial credit
                 outcome = "win" if r >= 1.0 else "loss"
