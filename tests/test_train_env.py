@@ -29,6 +29,8 @@ def test_train_env_on_a_reasoning_gym_task_and_eval_env_on_its_adapter(tiny_mode
     for stage in ("base", "trained"):
         m = summary[stage]
         assert m["episodes"] == 4 and m["success_ci95_low"] <= m["success_rate"] <= m["success_ci95_high"]
+    wall = summary["wall_s"]  # the table's wall time: the whole run and its parts
+    assert wall["total"] >= wall["train"] > 0 and wall["eval"] > 0
     held = [json.loads(line) for line in (run / "eval_base.jsonl").read_text().splitlines()]
     assert all(r["steps"][0]["info"] and r["meta"]["reset_info"]["split"] == "eval" for r in held)
     train = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]

@@ -32,6 +32,7 @@ import asyncio
 import json
 import math
 import random
+import time
 import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -409,11 +410,16 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     if multi and cfg.env.opponent not in ("self", "frozen"):
         raise ValueError(f"--opponent must be self or frozen, got {cfg.env.opponent!r}")
     results: dict[str, Any] = {"env": cfg.env.env, "metric": "success_rate"}
+    wall: dict[str, float] = {}
+    """Seconds per part of this process's run (a resumed run counts from its resume)."""
+    start = time.monotonic()
     held_out = eval_requests(cfg.env, env, cfg.eval_episodes) if cfg.eval_episodes else []
 
     async def evaluate(stage: str | None = None) -> dict[str, Any]:
         out = run_dir / f"eval_{stage}.jsonl" if stage else None
+        t0 = time.monotonic()
         m = await evaluate_episodes(eval_protos, held_out, out, desc=f"eval {stage or ''}".strip())
+        wall["eval"] = wall.get("eval", 0.0) + time.monotonic() - t0
         if stage:
             results[stage] = m
             print(format_summary(f"[env] {stage}", m), flush=True)
@@ -459,15 +465,19 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
             if teacher:
                 from ludic.recipes.sft import demo_sft
 
+                t0 = time.monotonic()
                 items = await format_demo_items(cfg, env, tok, teacher)
                 steps = max(1, cfg.format_demo_steps)
                 print(f"[env] format demos: {len(items)} teacher turns, {steps} SFT steps", flush=True)
                 await demo_sft(model, tok, items, steps=steps, batch=max(1, len(items) // steps), lr=cfg.format_demo_lr,
                                trainer=cfg.trainer, logger=cfg.logger, desc="format demos", seed=cfg.seed,
                                publisher=InProcessPublisher(engine))
+                wall["format_demos"] = time.monotonic() - t0
                 if held_out:
                     await evaluate("format_demos")
+        t0 = time.monotonic()
         await trainer.train(cfg.train_steps)
+        wall["train"] = time.monotonic() - t0  # its in-training evaluations included
         if held_out:
             last = trainer.best.get("last_eval")
             if keep and trainer.best:
@@ -482,6 +492,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
         if "base" in results and "trained" in results:
             results["success_gain"] = results["trained"]["success_rate"] - results["base"]["success_rate"]
         results["headline"] = _headline(results)
+        results["wall_s"] = {"total": time.monotonic() - start, **wall}
         (run_dir / "summary.json").write_text(json.dumps(results, indent=2))
     finally:
         logger.close()  # writes report.html, with summary.json

@@ -1,0 +1,27 @@
+#!/bin/bash
+# The five-task study of the README ("RL with the defaults on tasks we did not write"): `ludic train env`
+# with its defaults on the packaged model, three training seeds per task, one run at a time (two runs on
+# 2 cores slow each other and change the wall times). Then: python examples/ecosystem/table.py runs/study
+#
+#   bash examples/ecosystem/study.sh [seeds...]      (default: 0 1 2)
+set -u
+SEEDS=${*:-0 1 2}
+OUT=${OUT:-runs/study}
+train() {  # name, then ludic train env flags
+  name=$1; shift
+  for s in $SEEDS; do
+    [ -f "$OUT/$name-s$s/summary.json" ] && continue
+    ludic train env "$@" --seed "$s" --run-dir "$OUT/$name-s$s" --logger print > "$OUT/$name-s$s.log" 2>&1 ||
+      echo "$name seed $s failed: see $OUT/$name-s$s.log"
+  done
+}
+mkdir -p "$OUT"
+# reasoning-gym: sizes where the base model scores between about 5% and 70%
+train chain_sum --env reasoning_gym:chain_sum --env-kwargs '{"config":{"min_terms":2,"max_terms":3,"min_digits":1,"max_digits":2}}'
+train gcd --env reasoning_gym:gcd --env-kwargs '{"config":{"min_value":2,"max_value":40}}'
+# TextArena: a one-player game (its own partial-credit reward) and a two-player one against the frozen start
+train ta_guess --env textarena:GuessTheNumber-v0
+train ta_kuhn1 --env textarena:KuhnPoker-v0 --env-kwargs '{"max_rounds": 1}' --opponent frozen
+# GEM (Gymnasium API): its guesses count only inside \boxed{}, which the base model never writes, so a
+# 10-step format cold start from example replies (random in-range guesses: the format, no strategy) runs first
+train gem_guess --env gem:game:GuessTheNumber-v0-easy --format-demos examples/ecosystem/boxed_guesses.txt
