@@ -68,3 +68,22 @@ def test_wrong_env_specs_are_named():
     assert proc.returncode != 0 and "--env is required" in proc.stderr
     proc = ludic("train", "env", "--env", "textarena:TicTacToe-v0", "--env-kwargs", "{seats: all}")
     assert proc.returncode != 0 and "--env-kwargs is not JSON" in proc.stderr
+
+
+@pytest.mark.slow
+def test_a_resumed_train_env_run_draws_the_seeds_the_uninterrupted_run_would(tiny_model_dir, tmp_path):
+    """Was: the training-seed draw restarted on resume, so step 2 after a resume replayed step 1's seeds."""
+    require("reasoning_gym")
+    args = ("--env", "reasoning_gym:gcd", "--model", str(tiny_model_dir), "--checkpoint-every", "1",
+            *TINY_RUN[2:], "--eval-episodes", "0")
+
+    def seeds(run):
+        rows = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
+        return [r["meta"]["env_seed"] for r in rows]
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    for run, steps in ((whole, "2"), (cut, "1"), (cut, "2")):
+        proc = ludic("train", "env", *args, "--train-steps", steps, "--run-dir", str(run))
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert len(set(seeds(whole))) == 4  # 2 steps x 2 seeds (groups of 2 share one)
+    assert sorted(seeds(cut)) == sorted(seeds(whole))
