@@ -332,6 +332,39 @@ async def format_demo_items(cfg: TrainEnvConfig, env: Any, tok: Any, teacher_spe
 # -------------------------------------------------------------------------------------------- train
 
 
+class TrainingSeeds:
+    """Each step's requests: ``prompts_per_step`` training seeds (below ``EVAL_SEED_BASE``, so disjoint from
+    the held-out ones), and for a frozen opponent the trained seat alternating. Its state goes into the
+    checkpoints (the batch source saves a ``requests_fn``'s ``state_dict``): a resumed run draws the seeds
+    the uninterrupted run would have."""
+
+    def __init__(self, cfg: "TrainEnvConfig", *, n_seats: int, multi: bool) -> None:
+        self.cfg, self.n_seats, self.multi = cfg, n_seats, multi
+        self.rng = random.Random(cfg.seed)
+        self.drawn = 0
+
+    def __call__(self) -> list[RolloutRequest]:
+        cfg, reqs = self.cfg, []
+        for _ in range(cfg.prompts_per_step):
+            key = ("single_agent" if not self.multi else "self" if cfg.env.opponent == "self"
+                   else f"seat{self.drawn % self.n_seats}")
+            reqs.append(RolloutRequest(EnvSpec(cfg.env.env, cfg.env.kwargs()), protocol=key,
+                                       env_seed=self.rng.randrange(EVAL_SEED_BASE), max_steps=cfg.env.max_turns or None))
+            self.drawn += 1
+        return reqs
+
+    def state_dict(self) -> dict[str, Any]:
+        from ludic.rollouts.engine import rng_state
+
+        return {"rng": rng_state(self.rng), "drawn": self.drawn}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from ludic.rollouts.engine import set_rng_state
+
+        set_rng_state(self.rng, state["rng"])
+        self.drawn = int(state["drawn"])
+
+
 @dataclass
 class TrainResult:
     """What ``ludic.train`` returns: the trained policy and where its run lives."""
@@ -425,20 +458,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
             print(format_summary(f"[env] {stage}", m), flush=True)
         return m
 
-    rng = random.Random(cfg.seed)
-    n_seats = len(env.agent_ids)
-    drawn = 0
-
-    def requests_fn() -> list[RolloutRequest]:
-        nonlocal drawn
-        reqs = []
-        for _ in range(cfg.prompts_per_step):
-            key = ("single_agent" if not multi else "self" if cfg.env.opponent == "self"
-                   else f"seat{drawn % n_seats}")
-            reqs.append(RolloutRequest(EnvSpec(cfg.env.env, cfg.env.kwargs()), protocol=key,
-                                       env_seed=rng.randrange(EVAL_SEED_BASE), max_steps=cfg.env.max_turns or None))
-            drawn += 1
-        return reqs
+    requests_fn = TrainingSeeds(cfg, n_seats=len(env.agent_ids), multi=multi)
 
     algo = algorithm_for(cfg)
     source = RolloutBatchSource(
