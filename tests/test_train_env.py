@@ -62,8 +62,12 @@ def test_train_env_on_a_textarena_two_player_game_against_the_frozen_start(tiny_
 
 
 def test_wrong_env_specs_are_named():
+    """A wrong spec is a usage error: its message and exit status 2, no traceback (was: a traceback)."""
     proc = ludic("train", "env", "--env", "no_such_env")
-    assert proc.returncode != 0 and "unknown env kind 'no_such_env'" in proc.stderr
+    assert proc.returncode == 2 and "unknown env kind 'no_such_env'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    proc = ludic("eval", "env", "--env", "no_such_env")
+    assert proc.returncode == 2 and "unknown env kind" in proc.stderr and "Traceback" not in proc.stderr
     proc = ludic("train", "env")
     assert proc.returncode != 0 and "--env is required" in proc.stderr
     proc = ludic("train", "env", "--env", "textarena:TicTacToe-v0", "--env-kwargs", "{seats: all}")

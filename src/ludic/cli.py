@@ -237,7 +237,13 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     for n in (2, 1):
         if tuple(argv[:n]) in COMMANDS:
-            COMMANDS[tuple(argv[:n])](argv[n:])
+            from ludic.errors import UsageError
+
+            try:
+                COMMANDS[tuple(argv[:n])](argv[n:])
+            except UsageError as e:  # the user's flag or spec: its message, no traceback
+                print(f"ludic {' '.join(argv[:n])}: error: {e}", file=sys.stderr)
+                raise SystemExit(2) from None
             return
     print(__doc__)
     print("commands: " + ", ".join(" ".join(k) for k in COMMANDS))

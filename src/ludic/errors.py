@@ -32,6 +32,11 @@ TRACEBACK_FRAMES = 6
 """Innermost frames kept in ``meta["error_traceback"]``."""
 
 
+class UsageError(ValueError):
+    """A wrong flag or spec from the user (an unknown env kind, kwargs that are not JSON): the command
+    line prints its message and exits with status 2, without a traceback."""
+
+
 class EpisodeError(Exception):
     """An exception raised in one stage of an episode (the original is ``cause``)."""
 

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ludic.envs.registry import import_attr
+from ludic.errors import UsageError
 from ludic.inference.models import DEFAULT_MODEL
 from ludic.training.config import TrainerConfig
 from ludic.types import EnvSpec, Rollout, RolloutRequest
@@ -72,9 +73,9 @@ class EnvConfig:
         try:
             out = json.loads(self.env_kwargs)
         except json.JSONDecodeError as e:
-            raise ValueError(f"--env-kwargs is not JSON ({e}): {self.env_kwargs!r}") from e
+            raise UsageError(f"--env-kwargs is not JSON ({e}): {self.env_kwargs!r}") from e
         if not isinstance(out, dict):
-            raise ValueError(f"--env-kwargs must be a JSON object, got {self.env_kwargs!r}")
+            raise UsageError(f"--env-kwargs must be a JSON object, got {self.env_kwargs!r}")
         return out
 
 
@@ -152,11 +153,11 @@ def probe_env(opts: EnvConfig) -> Any:
     from ludic.envs.registry import make_env
 
     if not opts.env:
-        raise ValueError("--env is required: a registered name, textarena:ID, reasoning_gym:NAME, gem:ID or module:factory")
+        raise UsageError("--env is required: a registered name, textarena:ID, reasoning_gym:NAME, gem:ID or module:factory")
     try:
         return make_env(EnvSpec(opts.env, opts.kwargs()))
     except KeyError as e:
-        raise ValueError(str(e.args[0]) if e.args else str(e)) from e
+        raise UsageError(str(e.args[0]) if e.args else str(e)) from e
 
 
 def _eval_kwargs(opts: EnvConfig) -> dict[str, Any]:
