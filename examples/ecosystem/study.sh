@@ -19,8 +19,10 @@ mkdir -p "$OUT"
 # reasoning-gym: sizes where the base model scores between about 5% and 70%
 train chain_sum --env reasoning_gym:chain_sum --env-kwargs '{"config":{"min_terms":2,"max_terms":3,"min_digits":1,"max_digits":2}}'
 train gcd --env reasoning_gym:gcd --env-kwargs '{"config":{"min_value":2,"max_value":40}}'
-# TextArena: a one-player game (its own partial-credit reward) and a two-player one against the frozen start
-train ta_guess --env textarena:GuessTheNumber-v0
+# TextArena: a one-player game (its own partial-credit reward; a guess is "[n]", so replies stop at 24 tokens:
+# at the default 64 a step took 100-120 s, the model filling each of up to 10 turns) and a two-player one
+# against the frozen start (one round: three rounds played alike at about 7x the time)
+train ta_guess --env textarena:GuessTheNumber-v0 --max-completion-tokens 24
 train ta_kuhn1 --env textarena:KuhnPoker-v0 --env-kwargs '{"max_rounds": 1}' --opponent frozen
 # GEM (Gymnasium API): its guesses count only inside \boxed{}, which the base model never writes, so a
 # 10-step format cold start from example replies (random in-range guesses: the format, no strategy) runs first
