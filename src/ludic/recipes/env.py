@@ -29,11 +29,12 @@ signal and says so.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import random
-import time
 import statistics
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -322,9 +323,9 @@ async def format_demo_items(cfg: TrainEnvConfig, env: Any, tok: Any, teacher_spe
     sampling = SamplingParams(temperature=0.0, max_tokens=cfg.env.max_completion_tokens)
     protos = protocols(teacher, cfg.env, env, sampling)
     key = "single_agent" if "single_agent" in protos else "self"
-    rng = random.Random(cfg.seed + 7)
-    reqs = [RolloutRequest(EnvSpec(cfg.env.env, cfg.env.kwargs()), protocol=key, env_seed=rng.randrange(EVAL_SEED_BASE),
-                           max_steps=cfg.env.max_turns or None) for _ in range(FORMAT_DEMO_EPISODES)]
+    rng, spec = random.Random(cfg.seed + 7), EnvSpec(cfg.env.env, cfg.env.kwargs())
+    reqs = [RolloutRequest(spec, protocol=key, env_seed=rng.randrange(EVAL_SEED_BASE), max_steps=cfg.env.max_turns or None)
+            for _ in range(FORMAT_DEMO_EPISODES)]
     rollouts = await RolloutEngine(protos).generate_rollouts(reqs, progress="format demos")
     return [SAWItem(prompt_ids=s.trace.prompt_ids, completion_ids=s.trace.completion_ids, weight=1.0)
             for r in rollouts if not r.meta.get("failed") for s in r.steps if s.trace is not None]
@@ -341,6 +342,7 @@ class TrainingSeeds:
 
     def __init__(self, cfg: "TrainEnvConfig", *, n_seats: int, multi: bool) -> None:
         self.cfg, self.n_seats, self.multi = cfg, n_seats, multi
+        self.spec = EnvSpec(cfg.env.env, cfg.env.kwargs())
         self.rng = random.Random(cfg.seed)
         self.drawn = 0
 
@@ -349,7 +351,7 @@ class TrainingSeeds:
         for _ in range(cfg.prompts_per_step):
             key = ("single_agent" if not self.multi else "self" if cfg.env.opponent == "self"
                    else f"seat{self.drawn % self.n_seats}")
-            reqs.append(RolloutRequest(EnvSpec(cfg.env.env, cfg.env.kwargs()), protocol=key,
+            reqs.append(RolloutRequest(self.spec, protocol=key,
                                        env_seed=self.rng.randrange(EVAL_SEED_BASE), max_steps=cfg.env.max_turns or None))
             self.drawn += 1
         return reqs
@@ -451,9 +453,8 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
 
     async def evaluate(stage: str | None = None) -> dict[str, Any]:
         out = run_dir / f"eval_{stage}.jsonl" if stage else None
-        t0 = time.monotonic()
-        m = await evaluate_episodes(eval_protos, held_out, out, desc=f"eval {stage or ''}".strip())
-        wall["eval"] = wall.get("eval", 0.0) + time.monotonic() - t0
+        with _timed(wall, "eval"):
+            m = await evaluate_episodes(eval_protos, held_out, out, desc=f"eval {stage or ''}".strip())
         if stage:
             results[stage] = m
             print(format_summary(f"[env] {stage}", m), flush=True)
@@ -486,19 +487,17 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
             if teacher:
                 from ludic.recipes.sft import demo_sft
 
-                t0 = time.monotonic()
-                items = await format_demo_items(cfg, env, tok, teacher)
-                steps = max(1, cfg.format_demo_steps)
-                print(f"[env] format demos: {len(items)} teacher turns, {steps} SFT steps", flush=True)
-                await demo_sft(model, tok, items, steps=steps, batch=max(1, len(items) // steps), lr=cfg.format_demo_lr,
-                               trainer=cfg.trainer, logger=cfg.logger, desc="format demos", seed=cfg.seed,
-                               publisher=InProcessPublisher(engine))
-                wall["format_demos"] = time.monotonic() - t0
+                with _timed(wall, "format_demos"):
+                    items = await format_demo_items(cfg, env, tok, teacher)
+                    steps = max(1, cfg.format_demo_steps)
+                    print(f"[env] format demos: {len(items)} teacher turns, {steps} SFT steps", flush=True)
+                    await demo_sft(model, tok, items, steps=steps, batch=max(1, len(items) // steps),
+                                   lr=cfg.format_demo_lr, trainer=cfg.trainer, logger=cfg.logger, desc="format demos",
+                                   seed=cfg.seed, publisher=InProcessPublisher(engine))
                 if held_out:
                     await evaluate("format_demos")
-        t0 = time.monotonic()
-        await trainer.train(cfg.train_steps)
-        wall["train"] = time.monotonic() - t0  # its in-training evaluations included
+        with _timed(wall, "train"):  # its in-training evaluations included
+            await trainer.train(cfg.train_steps)
         if held_out:
             last = trainer.best.get("last_eval")
             if keep and trainer.best:
@@ -518,6 +517,16 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     finally:
         logger.close()  # writes report.html, with summary.json
     return TrainResult(model, tok, run_dir, results)
+
+
+@contextlib.contextmanager
+def _timed(wall: dict[str, float], key: str) -> Any:
+    """Add the block's wall-clock seconds to ``wall[key]``."""
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        wall[key] = wall.get(key, 0.0) + time.monotonic() - t0
 
 
 def _headline(results: dict[str, Any]) -> dict[str, Any]:
