@@ -123,3 +123,21 @@ def test_fp16_scales_the_loss_and_skips_an_overflowing_step(tiny_model_dir):
     m = trainer.optimize(items)
     assert m.get("skipped_overflow") == 1 and m["loss_scale"] == 5e29
     assert torch.equal(w.detach(), before)
+
+
+def test_auto_device_follows_the_machine_and_ludic_device(tiny_model_dir, monkeypatch):
+    """``device="auto"`` (every recipe's default) is the GPU where PyTorch sees one, else the CPU;
+    ``$LUDIC_DEVICE`` overrides it, and a device given outright is kept. (The GPU side runs in
+    tests/gpu/test_cuda.py on a GPU machine.)"""
+    from ludic.inference.models import resolve_device
+
+    monkeypatch.delenv("LUDIC_DEVICE", raising=False)
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cuda:1") == "cuda:1"
+    monkeypatch.setenv("LUDIC_DEVICE", "cpu")
+    assert resolve_device("auto") == "cpu"
+    model, _ = load_policy(str(tiny_model_dir), dtype="float32")
+    assert next(model.parameters()).device.type == "cpu"
+    monkeypatch.setenv("LUDIC_DEVICE", "meta")  # a device the loader then really uses
+    model, _ = load_policy(str(tiny_model_dir), dtype="float32")
+    assert next(model.parameters()).device.type == "meta"

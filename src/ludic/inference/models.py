@@ -144,6 +144,23 @@ def auto_dtype(device: str = "cpu") -> str:
     return "bfloat16" if cpu_has_fast_bf16() else "float32"
 
 
+DEVICE_ENV = "LUDIC_DEVICE"
+
+
+def resolve_device(device: str = "auto") -> str:
+    """The device a policy loads on. ``"auto"``: ``$LUDIC_DEVICE`` when set, else ``"cuda"`` (the
+    current CUDA device: ``init_distributed`` sets it per torchrun rank) when PyTorch sees a GPU, else
+    ``"cpu"``. Anything else (``"cpu"``, ``"cuda:1"``) is taken as given."""
+    import torch
+
+    if device != "auto":
+        return device
+    env = os.environ.get(DEVICE_ENV, "").strip()
+    if env and env != "auto":
+        return env
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def resolve_dtype(dtype: str, device: str = "cpu") -> str:
     if dtype == "auto":
         return auto_dtype(device)
@@ -236,13 +253,15 @@ def _register_attention() -> None:
     AttentionMaskInterface.register(CPU_BF16_ATTENTION, sdpa_mask)
 
 
-def load_model(name: str | None, dtype: str = "auto", device: str = "cpu") -> Any:
-    """Load a causal LM (packaged default, local folder or hub id) in ``dtype`` ("auto" picks)."""
+def load_model(name: str | None, dtype: str = "auto", device: str = "auto") -> Any:
+    """Load a causal LM (packaged default, local folder or hub id) in ``dtype`` on ``device`` ("auto"
+    picks each: ``resolve_device``, ``resolve_dtype``)."""
     import torch
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     with LOAD_LOCK:
         model = AutoModelForCausalLM.from_pretrained(

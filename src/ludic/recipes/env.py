@@ -116,6 +116,8 @@ class TrainEnvConfig:
     resume: bool = True
     final_save: bool = True
     dtype: str = "auto"
+    device: str = "auto"
+    """cpu, cuda, cuda:N; auto: the GPU when PyTorch sees one (``$LUDIC_DEVICE`` overrides)."""
     seed: int = 0
 
 
@@ -130,6 +132,7 @@ class EvalEnvConfig:
     temperature: float = 0.0
     out: str = "env_eval.jsonl"
     dtype: str = "auto"
+    device: str = "auto"
     seed: int = 0
 
 
@@ -435,7 +438,8 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
     lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
-    model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device,
+                           seed=cfg.seed)
     engine = TransformersEngine(model, tok)
     multi = len(env.agent_ids) > 1
     frozen = TransformersEngine(frozen_copy(model), tok) if multi else None
@@ -550,13 +554,13 @@ async def _eval_env(cfg: EvalEnvConfig) -> dict[str, Any]:
     from ludic.training.lora import load_policy
 
     env = probe_env(cfg.env)
-    model, tok = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    model, tok = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device, seed=cfg.seed)
     model.eval()
     engine = TransformersEngine(model, tok)
     sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.env.max_completion_tokens)
     frozen = None
     if len(env.agent_ids) > 1:  # the fixed opponent: the base model
-        base, _ = load_policy(cfg.model, dtype=cfg.dtype, seed=cfg.seed)
+        base, _ = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device, seed=cfg.seed)
         base.eval()
         frozen = TransformersEngine(base, tok)
     protos = protocols(engine, cfg.env, env, sampling, frozen, SamplingParams(temperature=0.0,

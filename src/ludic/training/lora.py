@@ -177,7 +177,7 @@ def load_policy(
     lora: LoraSettings | None = None,
     adapter: str | None = None,
     dtype: str = "auto",
-    device: str = "cpu",
+    device: str = "auto",
     seed: int = 0,
 ) -> tuple[Any, Any]:
     """(model, tokenizer) ready to train: LoRA-wrapped when ``lora`` is given.
@@ -187,6 +187,9 @@ def load_policy(
     ``lora`` a fresh LoRA then trains on top, and "adapters disabled" -- the KL
     reference -- is that starting policy, not the raw base model. (A vLLM server
     must then serve the merged weights: see ``save_merged_base``.)
+
+    ``device`` "auto" is the GPU when PyTorch sees one, else the CPU (``$LUDIC_DEVICE`` overrides:
+    ``inference.models.resolve_device``); engines and the trainer follow the model's device.
     """
     with LOAD_LOCK:  # one load at a time per process (threads: --overlap), the seeded init included
         torch.manual_seed(seed)
