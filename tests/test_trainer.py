@@ -98,7 +98,7 @@ def test_full_finetuning_with_kl_builds_a_frozen_reference_of_the_starting_polic
 
 def _logits(model, ids):
     with torch.no_grad():
-        return model(input_ids=torch.tensor([ids])).logits
+        return model(input_ids=torch.tensor([ids], device=model.device)).logits
 
 
 def test_training_on_top_of_an_adapter_keeps_it_as_the_kl_reference(tiny_model_dir, tmp_path):

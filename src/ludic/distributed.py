@@ -66,6 +66,34 @@ def exit_worker(code: int = 0) -> None:
     os._exit(code)
 
 
+def collective_device() -> torch.device:
+    """Where a tensor for a collective must live: the current GPU under NCCL (which has no CPU
+    tensors: "No backend type associated with device type cpu"), else the CPU (gloo)."""
+    if is_distributed() and torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def reduce_floats(values: list[float], op: str = "sum") -> list[float]:
+    """``values`` reduced element-wise over ranks (``op``: sum or max; float64, any backend). Every
+    rank must call it with as many values; outside a group it returns them unchanged."""
+    if not is_distributed():
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=collective_device())
+    torch.distributed.all_reduce(t, op={"sum": torch.distributed.ReduceOp.SUM,
+                                        "max": torch.distributed.ReduceOp.MAX}[op])
+    return t.tolist()
+
+
+def broadcast_float(value: float) -> float:
+    """Rank 0's ``value`` on every rank (float64, any backend)."""
+    if not is_distributed():
+        return float(value)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=collective_device())
+    torch.distributed.broadcast(t, src=0)
+    return float(t.item())
+
+
 def broadcast_object(obj):
     """Rank 0's value on every rank (small JSON-like objects only)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):

@@ -31,7 +31,7 @@ from typing import Any, Awaitable, Callable
 import torch
 
 from ludic import fastpath
-from ludic.distributed import is_distributed, is_rank0
+from ludic.distributed import broadcast_float, is_distributed, is_rank0, reduce_floats
 from ludic.inference.models import mark_trained
 from ludic.training.fsdp import full_state_dict, is_sharded
 from ludic.rollouts.batch import BatchSource
@@ -336,11 +336,7 @@ class Trainer:
 
     def _broadcast(self, value: float) -> float:
         """Rank 0's ``value`` on every rank (only rank 0 talks to servers)."""
-        if not is_distributed():
-            return value
-        t = torch.tensor([float(value)], dtype=torch.float64)
-        torch.distributed.broadcast(t, src=0)
-        return float(t)
+        return broadcast_float(value)
 
     def _empty_step(self, metrics: dict[str, Any]) -> dict[str, Any]:
         self.empty_streak += 1
@@ -373,11 +369,7 @@ class Trainer:
 
     def _global_sum(self, n: float) -> float:
         """``n`` summed over ranks (every rank must call this)."""
-        if not is_distributed():
-            return n
-        t = torch.tensor([float(n)], dtype=torch.float64)
-        torch.distributed.all_reduce(t)
-        return float(t)
+        return reduce_floats([n])[0]
 
     def optimize_batch(self, items: list[SAWItem]) -> dict[str, Any]:
         """All optimizer steps on one collected batch: ``ppo_epochs`` shuffled passes of
@@ -498,8 +490,7 @@ class Trainer:
         if not is_distributed():
             return sums
         keys = sorted(_SUMMED)
-        t = torch.tensor([sums.get(k, 0.0) for k in keys] + [float(k in sums) for k in keys], dtype=torch.float64)
-        torch.distributed.all_reduce(t)
+        t = reduce_floats([sums.get(k, 0.0) for k in keys] + [float(k in sums) for k in keys])
         n = len(keys)
         return {k: float(t[i]) for i, k in enumerate(keys) if t[n + i] > 0}
 
@@ -515,25 +506,14 @@ class Trainer:
 
     def _global_totals(self, items: list[SAWItem]) -> dict[str, float]:
         weights = [it.weight for it in items]
-        local = torch.tensor(
-            [
-                float(sum(it.num_action_tokens for it in items)),
-                float(sum(it.episode_share for it in items)),  # episodes: each counts once
-                float(sum(weights)),
-                float(sum(w * w for w in weights)),
-                float(len(items)),
-            ],
-            dtype=torch.float64,
-        )
-        longest = float(max((it.num_action_tokens for it in items), default=1))
-        if is_distributed():
-            import torch.distributed as dist
-
-            dist.all_reduce(local)
-            m = torch.tensor([longest], dtype=torch.float64)
-            dist.all_reduce(m, op=dist.ReduceOp.MAX)
-            longest = float(m)
-        tokens, segs, s1, s2, n_items = (float(x) for x in local)
+        tokens, segs, s1, s2, n_items = reduce_floats([
+            sum(it.num_action_tokens for it in items),
+            sum(it.episode_share for it in items),  # episodes: each counts once
+            sum(weights),
+            sum(w * w for w in weights),
+            len(items),
+        ])
+        longest = reduce_floats([max((it.num_action_tokens for it in items), default=1)], op="max")[0]
         mean = s1 / n_items if n_items else 0.0
         var = max(s2 / n_items - mean * mean, 0.0) if n_items else 0.0
         return {
