@@ -34,9 +34,17 @@ def init_distributed() -> tuple[int, int]:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        from ludic.inference.models import resolve_device
+
+        # NCCL where the policy goes to the GPU; gloo on CPU, also on a GPU machine with LUDIC_DEVICE=cpu
+        backend = "nccl" if resolve_device("auto").startswith("cuda") else "gloo"
         if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            local, gpus = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+            if local >= gpus:
+                raise RuntimeError(
+                    f"torchrun started local rank {local} on a machine with {gpus} GPU(s): NCCL needs one GPU per "
+                    f"rank (--nproc_per_node at most {gpus}), or set LUDIC_DEVICE=cpu to train on CPUs over gloo")
+            torch.cuda.set_device(local)
         dist.init_process_group(backend=backend)
     global _JOINED
     _JOINED = True

@@ -216,7 +216,7 @@ out = {}
 for shard in (False, True):
     model, tok = load_policy(sys.argv[1], dtype="bfloat16")
     w = "model.layers.1.mlp.down_proj.weight"
-    start = dict(model.named_parameters())[w].detach().float().clone()
+    start = dict(model.named_parameters())[w].detach().float().cpu()
     if shard:
         model = shard_model(model)  # bf16 compute, fp32 shards (the masters)
         assert is_sharded(model)
@@ -226,7 +226,7 @@ for shard in (False, True):
     m = trainer.optimize(ITEMS)
     h.remove()
     full = full_state_dict(model) if shard else {k: v for k, v in model.state_dict().items()}
-    moved = (full[w].float() - start).abs()
+    moved = (full[w].float().cpu() - start).abs()
     out["sharded" if shard else "plain"] = {
         "loss": m["loss"], "grad_norm": m["grad_norm"], "compute": seen["out"],
         "param_devices": sorted({p.device.type for p in model.parameters()}),
@@ -257,3 +257,19 @@ def test_fsdp2_and_data_parallel_over_nccl(tiny, tmp_path):
     assert sharded["moved"] > 0.9, sharded  # the fp32 shards kept the sub-ulp update
     assert sharded["loss"] == pytest.approx(plain["loss"], rel=1e-3), out
     assert sharded["grad_norm"] == pytest.approx(plain["grad_norm"], rel=2e-2), out
+
+
+def test_torchrun_on_cpus_of_a_gpu_machine_and_too_many_ranks(tiny, tmp_path):
+    """``LUDIC_DEVICE=cpu`` on a GPU machine: torchrun's ranks join over gloo (to train on the CPUs); more
+    ranks than GPUs over NCCL stop with an error that says so, not CUDA's "invalid device ordinal"."""
+    code = ("import torch\nfrom ludic.distributed import init_distributed\n"
+            "init_distributed()\nprint(torch.distributed.get_backend())\n")
+    script = tmp_path / "join.py"
+    script.write_text(code)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    cpu = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "LUDIC_DEVICE": "cpu"})
+    assert cpu.returncode == 0 and cpu.stdout.split() == ["gloo", "gloo"], cpu.stderr[-2000:]
+    if torch.cuda.device_count() < 2:
+        env = {k: v for k, v in os.environ.items() if k != "LUDIC_DEVICE"}
+        gpu = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+        assert gpu.returncode != 0 and "NCCL needs one GPU per rank" in gpu.stderr, gpu.stderr[-2000:]
