@@ -183,6 +183,18 @@ async def test_a_batch_holds_episodes_not_items(streams):
     assert len(b.items) == 4 and streams.unread() == 2
 
 
+async def test_the_learner_reports_the_zero_variance_group_share_its_actors_saw(streams):
+    """No silent non-learning in the pipeline either: each item carries its actor batch's
+    ``zero_var_group_share`` (an actor may filter flat groups' items out before pushing), and the learner's
+    batch reports their episode-weighted mean, as a synchronous run's batch source does."""
+    flat, mixed = item(1, share=0.5), item(2, share=1.0)
+    flat.meta["zero_var_group_share"], mixed.meta["zero_var_group_share"] = 1.0, 0.25
+    SampleWriter(streams).push([flat, flat, mixed, item(3)])  # the last from an actor with no such stat
+    b = await PipelineBatchSource(SampleReader(streams), batch_size=3).next_batch()
+    assert len(b.items) == 4
+    assert b.meta["zero_var_group_share"] == pytest.approx((0.5 * 1.0 + 0.5 * 1.0 + 1.0 * 0.25) / 2.0)
+
+
 async def test_source_times_out_without_actors(streams):
     source = PipelineBatchSource(SampleReader(streams), batch_size=2, block_ms=50, timeout_s=0.3)
     with pytest.raises(TimeoutError, match="0 of 2 episodes"):

@@ -292,7 +292,10 @@ class Actor:
                 await asyncio.to_thread(self.writer.wait_for_room, stop=self._stopped)
                 await self.follower.catch_up()  # the newest announced weights sample this batch
                 batch = await self.source.next_batch()
-                items = [replace(it, meta={**it.meta, "actor": self.actor_id}) for it in batch.items]
+                stamp = {"actor": self.actor_id}
+                if "zero_var_group_share" in batch.meta:  # the learner reports it (no silent non-learning)
+                    stamp["zero_var_group_share"] = batch.meta["zero_var_group_share"]
+                items = [replace(it, meta={**it.meta, **stamp}) for it in batch.items]
                 ids = await asyncio.to_thread(self._push_and_log, items)
                 self.pushed += len(ids)
                 n += 1

@@ -143,6 +143,10 @@ class PipelineBatchSource:
                 "pipeline_lag_max": max(lags, default=0), "pipeline_unread": self.reader.streams.unread()}
         if rewarded:  # the episodes' mean reward, as RolloutBatchSource reports it
             meta["reward_mean"] = sum(r * w for r, w in rewarded) / sum(w for _, w in rewarded)
+        flat = [(it.meta["zero_var_group_share"], it.episode_share) for it in items
+                if isinstance(it.meta.get("zero_var_group_share"), (int, float))]
+        if flat:  # stamped by the actors (their batch's share: flat groups' items may be filtered out there)
+            meta["zero_var_group_share"] = sum(z * w for z, w in flat) / sum(w for _, w in flat)
         return SAWBatch(items=items, meta=meta)
 
     # ------------------------------------------------------------ checkpointing
