@@ -61,7 +61,7 @@ async def teacher_rollouts(tok, n: int = 16, group: int = 4):
     from ludic.envs.tictactoe import TicTacToeEnv
     from ludic.interaction import SingleAgentProtocol
     from ludic.parsers import think_move_parser
-    from ludic.recipes.tictactoe import SYSTEM_PROMPT
+    from ludic.recipes.tictactoe_game import SYSTEM_PROMPT
 
     async def one(i: int):
         env = TicTacToeEnv(opponent="mixed", epsilon=0.5, agent_starts=i % 2 == 0)

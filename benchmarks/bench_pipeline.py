@@ -44,7 +44,7 @@ from pathlib import Path
 
 
 def flags() -> str:
-    from ludic.recipes.tictactoe_recipe import machine
+    from ludic.recipes.common import machine
 
     m = machine()
     return f"cpus {m['cpus']}, isa {'/'.join(m['isa'])}, torch {m['torch']}"

@@ -18,7 +18,7 @@ from ludic.inference.client import SamplingParams
 from ludic.inference.transformers_engine import TransformersEngine
 from ludic.interaction import SingleAgentProtocol
 from ludic.parsers import think_move_parser
-from ludic.recipes.tictactoe import SYSTEM_PROMPT
+from ludic.recipes.tictactoe_game import SYSTEM_PROMPT
 from ludic.rollouts.engine import RolloutEngine
 from ludic.training.lora import load_policy
 from ludic.types import EnvSpec, RolloutRequest

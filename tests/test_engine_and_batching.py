@@ -9,7 +9,8 @@ from ludic.tokenization import render_ids
 from ludic.inference.client import ChatRequest, SamplingParams
 from ludic.inference.models import load_model, load_tokenizer
 from ludic.inference.transformers_engine import TransformersEngine
-from ludic.training.batching import collate, score_actions, split_by_token_budget, truncate_item
+from ludic.training.microbatch import collate, split_by_token_budget, truncate_item
+from ludic.training.scoring import score_actions
 from ludic.types import FinishReason, SAWItem
 
 
@@ -57,7 +58,7 @@ def test_token_budget_split_and_truncation():
 def test_grpo_groups_are_packed_by_prompt_so_each_prompt_is_computed_once():
     """A GRPO batch (8 samples of each of 6 prompts sharing a 20-token system part) packs one
     group per micro-batch: the whole prompt is then a shared prefix, computed once per group."""
-    from ludic.training.batching import micro_batch_cost
+    from ludic.training.microbatch import micro_batch_cost
 
     system = tuple(range(100, 120))
     items = [SAWItem(system + tuple(range(200 + 40 * g, 240 + 40 * g)), (7,) * (5 + k % 4), 1.0, meta={"g": g})
@@ -369,10 +370,10 @@ def test_batches_generate_on_the_event_loop_thread(tiny):
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
 def test_token_logp_equals_log_softmax_gather_with_gradients(dtype, tol):
-    """The hand-written log-prob (``batching._TokenLogp``, used when no entropy is needed) gives the
+    """The hand-written log-prob (``token_logp._TokenLogp``, used when no entropy is needed) gives the
     autograd path's values and gradients, at per-row temperatures; 37 rows span three of its
     16-row passes."""
-    from ludic.training.batching import _logp_entropy
+    from ludic.training.scoring import _logp_entropy
 
     g = torch.Generator().manual_seed(0)
     logits = (torch.randn(37, 500, generator=g) * 3).to(dtype)

@@ -25,7 +25,8 @@ from ludic import fastpath
 from ludic.inference.client import SamplingParams
 from ludic.inference.transformers_engine import TransformersEngine
 from ludic.tokenization import render_ids
-from ludic.training.batching import collate, score_actions
+from ludic.training.microbatch import collate
+from ludic.training.scoring import score_actions
 from ludic.training.lora import LoraSettings, load_policy
 from ludic.types import SAWItem
 

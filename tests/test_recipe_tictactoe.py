@@ -84,8 +84,10 @@ def test_cli_help_and_unknown_command():
 def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch, fast_path):
     """The whole recipe, with Ludic's fast path on and off (stock transformers, peft and SDPA: none of
     the hand-written pieces is called)."""
-    import ludic.training.batching as batching
+    import ludic.training.frozen_cache as frozen_cache
+    import ludic.training.scoring as scoring
     from ludic.inference.decode import StaticDecoder
+    from ludic.training.token_logp import _TokenLogp
     from ludic.recipes.tictactoe_recipe import RecipeConfig, recipe
 
     calls = {"flat pass": 0, "static decode": 0, "token logp": 0}
@@ -96,9 +98,10 @@ def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch, 
             return fn(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(batching, "packed_states", counted("flat pass", batching.packed_states))
+    for module in (scoring, frozen_cache):  # the flat pass, called by the scorer and by the frozen-bottom cache
+        monkeypatch.setattr(module, "packed_states", counted("flat pass", module.packed_states))
     monkeypatch.setattr(StaticDecoder, "step", counted("static decode", StaticDecoder.step))
-    monkeypatch.setattr(batching._TokenLogp, "apply", counted("token logp", batching._TokenLogp.apply))
+    monkeypatch.setattr(_TokenLogp, "apply", counted("token logp", _TokenLogp.apply))
     run = tmp_path / "recipe"
     report = recipe(RecipeConfig(model=str(tiny_model_dir), run_dir=str(run), budget_minutes=0, sft_steps=4,
                                  sft_batch_size=4, curve_points=2, rl_rounds=2, rl_steps_per_round=1,
@@ -169,7 +172,7 @@ def test_recipe_prompts_are_the_same_in_sft_data_rl_and_exact_evaluation():
     from ludic.data.synth import teacher_position_records, teacher_positions
     from ludic.envs.tictactoe import TicTacToeEnv
     from ludic.envs.tictactoe_positions import TicTacToePositionEnv
-    from ludic.recipes.tictactoe import answer_parser
+    from ludic.recipes.tictactoe_game import answer_parser
     from ludic.recipes.tictactoe_positions import View
 
     view = View("Tic-tac-toe.", compact=True, show_moves=False, max_tokens=12, answer="move")

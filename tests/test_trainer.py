@@ -104,7 +104,7 @@ def _logits(model, ids):
 def test_training_on_top_of_an_adapter_keeps_it_as_the_kl_reference(tiny_model_dir, tmp_path):
     """--adapter <sft>: the SFT adapter is merged into the base and a fresh LoRA trains on top, so
     'adapters disabled' (the KL reference) is the SFT policy, not the raw base model."""
-    from ludic.training.batching import adapters_disabled
+    from ludic.training.scoring import adapters_disabled
 
     sft, _ = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=1)
     with torch.no_grad():
@@ -175,7 +175,8 @@ def test_truncated_sampling_is_refused_for_importance_ratio_losses(tiny_model_di
 def test_ppo_inner_loop_epochs_and_minibatches_over_one_collected_batch(tiny_model_dir):
     """ppo_epochs x num_minibatches optimizer steps per collected batch; the ratio moves away from 1 and
     clipping acts; the policy version, the publish and the LR schedule advance once per batch."""
-    from ludic.training.batching import collate, score_actions
+    from ludic.training.microbatch import collate
+    from ludic.training.scoring import score_actions
 
     model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
     g = torch.Generator().manual_seed(0)

@@ -21,6 +21,13 @@ def is_distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
+def is_sharded(model) -> bool:
+    """Whether ``model`` was sharded by FSDP2's ``fully_shard`` (``training.fsdp.shard_model``), which
+    renames the module class to ``FSDP<name>``. Here, not in ``training.fsdp``, so the scoring and
+    checkpoint code can ask without importing FSDP."""
+    return type(model).__name__.startswith("FSDP")
+
+
 def is_rank0() -> bool:
     """True unless torch.distributed is initialised and this is not rank 0."""
     return not is_distributed() or torch.distributed.get_rank() == 0

@@ -9,7 +9,7 @@ and checked against it in the tests (``tests/test_fastpath.py`` on the packaged 
     inference.models.cpu_bf16_attention  a bf16 model's attention computed in fp32            (both)
     training.packed                      the trainer's flat, prefix-shared scoring pass      (trainer)
     training.lora._LoraLinear            LoRA linears with a hand-written backward           (trainer)
-    training.batching._TokenLogp         token log-probs with a hand-written backward        (trainer)
+    training.token_logp._TokenLogp       token log-probs with a hand-written backward        (trainer)
 
 Off, everything goes through the stock code: transformers' forward with its dynamic cache and
 ``sdpa`` attention, peft's LoRA forward, autograd's ``log_softmax``. Turn it off with

@@ -97,7 +97,8 @@ def test_adapter_run_on_vllm_samples_from_the_sft_policy(tmp_path):
 
     from ludic.inference.models import packaged_model_dir
     from ludic.rollouts.engine import read_rollouts
-    from ludic.training.batching import collate, score_actions
+    from ludic.training.microbatch import collate
+    from ludic.training.scoring import score_actions
     from ludic.training.lora import LoraSettings, load_policy
     from ludic.types import SAWItem
 

@@ -32,7 +32,8 @@ from ludic.data.text_logs import read_text_log
 from ludic.training.config import TrainerConfig
 from ludic.recipes.dpo import DPOTrainConfig, dpo, resolve_reference
 from ludic.training.algorithms import make_sft
-from ludic.training.batching import collate, score_actions, split_by_token_budget
+from ludic.training.microbatch import collate, split_by_token_budget
+from ludic.training.scoring import score_actions
 from ludic.training.dpo import (
     DPOLossConfig,
     PairBatchSource,

@@ -7,7 +7,8 @@ import types
 import pytest
 import torch
 
-from ludic.training.batching import collate, score_actions
+from ludic.training.microbatch import collate
+from ludic.training.scoring import score_actions
 from ludic.training.lora import LoraSettings, fuse_lora_linears, load_policy
 from ludic.types import SAWItem
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from ludic.inference.models import load_model, load_tokenizer
-from ludic.training.batching import collate, score_actions, score_hidden, split_by_token_budget
+from ludic.training.microbatch import collate, split_by_token_budget
+from ludic.training.scoring import score_actions, score_hidden
 from ludic.training.lora import LoraSettings, apply_lora
 from ludic.training.packed import packable
 from ludic.types import SAWItem

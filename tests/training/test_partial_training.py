@@ -117,7 +117,8 @@ def test_frozen_bottom_cache_trains_exactly_like_the_plain_forward(four_layer_di
 
 
 def test_frozen_bottom_cache_refuses_trainable_bottoms_and_checks_itself(four_layer_dir):
-    from ludic.training.batching import FrozenBottomCache, collate
+    from ludic.training.frozen_cache import FrozenBottomCache
+    from ludic.training.microbatch import collate
 
     model, tok = load_policy(four_layer_dir, dtype="float32", seed=0)
     with pytest.raises(ValueError, match="must be frozen"):

@@ -382,7 +382,7 @@ def test_mmd_loss_weighs_a_turn_by_its_target_alone_not_by_its_episode_share():
     the "sum" aggregation used to multiply it in, halving q for every turn of a two-turn episode.
     Checked at the loss, through the trainer's own collate and objective inputs."""
     from ludic.training.algorithms import make_mmd
-    from ludic.training.batching import collate
+    from ludic.training.microbatch import collate
     from ludic.training.losses import LossInputs, compute_loss
     from ludic.types import SAWItem
 

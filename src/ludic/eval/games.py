@@ -79,7 +79,8 @@ def policy_table(env: OpenSpielEnv, model: Any, tokenizer: Any, *, temperature: 
     """``{key(state): [(action, probability), ...]}`` of the model over the legal ids, for every
     decision state (default key: the information state, what ``nash_conv`` needs)."""
     from ludic.data.offline import sft_item
-    from ludic.training.batching import collate, score_actions, split_by_token_budget
+    from ludic.training.microbatch import collate, split_by_token_budget
+    from ludic.training.scoring import score_actions
     from ludic.training.packed import packable
 
     states = list(decision_states(env.game, key=key))

@@ -56,7 +56,7 @@ class DatagenConfig:
 def datagen(cfg: DatagenConfig) -> dict[str, Any]:
     from ludic.data.jsonl import write_jsonl
     from ludic.data.synth import teacher_records
-    from ludic.recipes.tictactoe import SYSTEM_PROMPT
+    from ludic.recipes.tictactoe_game import SYSTEM_PROMPT
 
     t0 = time.perf_counter()
     keep = tuple(k.strip() for k in cfg.keep.split(",") if k.strip())
@@ -99,7 +99,7 @@ async def rejection_sample(
     episodes whose result is in ``keep``; returns their SFT records (as context ``ctx`` shows
     them) and the number of episodes kept."""
     from ludic.data.synth import filter_rollouts, keep_results, rollouts_to_records
-    from ludic.recipes.tictactoe import SYSTEM_PROMPT, make_protocol_factory
+    from ludic.recipes.tictactoe_game import SYSTEM_PROMPT, make_protocol_factory
     from ludic.rollouts.engine import RolloutEngine
     from ludic.types import EnvSpec, RolloutRequest
 

@@ -108,7 +108,7 @@ def load_pairs(paths: list[str], tokenizer: Any, chat: bool, max_seq_len: int) -
 async def _dpo(cfg: DPOTrainConfig) -> dict[str, Any]:
     from ludic.config import dump_config
     from ludic.data.text_logs import TextLogLogger
-    from ludic.recipes.tictactoe import default_run_dir
+    from ludic.recipes.common import default_run_dir
     from ludic.distributed import broadcast_object, init_distributed, shutdown_distributed
     from ludic.training.dpo import DPOLossConfig
     from ludic.training.loggers import MultiLogger, make_logger

@@ -424,7 +424,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     from ludic.inference.client import SamplingParams
     from ludic.inference.publish import InProcessPublisher
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.recipes.tictactoe import default_run_dir
+    from ludic.recipes.common import default_run_dir
     from ludic.rollouts.batch import RolloutBatchSource
     from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
     from ludic.training.algorithms import algorithm_for

@@ -442,7 +442,7 @@ def train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
 
 async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.recipes.tictactoe import default_run_dir
+    from ludic.recipes.common import default_run_dir
     from ludic.training.algorithms import make_mmd, make_ppo
     from ludic.training.loggers import logger_names, make_logger
     from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, load_policy

@@ -79,7 +79,7 @@ async def _train_prompts(cfg: TrainPromptsConfig) -> dict[str, Any]:
     from ludic.inference.client import SamplingParams
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.interaction import SingleAgentProtocol
-    from ludic.recipes.tictactoe import default_run_dir
+    from ludic.recipes.common import default_run_dir
     from ludic.rollouts.batch import RolloutBatchSource
     from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
     from ludic.training.algorithms import algorithm_for

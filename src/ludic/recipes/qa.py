@@ -297,7 +297,7 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
     from ludic.interaction import SingleAgentProtocol
     from ludic.recipes.backends import make_inference
     from ludic.recipes.grpo_prompts import reward_metrics
-    from ludic.recipes.tictactoe import default_run_dir
+    from ludic.recipes.common import default_run_dir
     from ludic.rollouts.batch import RolloutBatchSource
     from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
     from ludic.training.algorithms import algorithm_for

@@ -63,7 +63,7 @@ async def _sft(cfg: SFTConfig) -> dict[str, Any]:
     from ludic.config import dump_config
     from ludic.data.offline import load_sft_items
     from ludic.data.text_logs import TextLogLogger
-    from ludic.recipes.tictactoe import default_run_dir
+    from ludic.recipes.common import default_run_dir
     from ludic.distributed import broadcast_object, init_distributed, shutdown_distributed
     from ludic.training.loggers import MultiLogger, make_logger
     from ludic.training.lora import LoraSettings, load_policy

@@ -19,8 +19,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from ludic.recipes.tictactoe import (TrainTicTacToeConfig, default_run_dir, load_train_policy, rollout_source,
-                                     trainer_config)
+from ludic.recipes.tictactoe import TrainTicTacToeConfig, load_train_policy, rollout_source, trainer_config
+from ludic.recipes.common import default_run_dir
 
 
 def _server_url(cfg: TrainTicTacToeConfig) -> str:

@@ -30,7 +30,7 @@ from ludic.envs.tictactoe_positions import board_to_string
 from ludic.inference.client import ChatClient
 from ludic.interaction import SingleAgentProtocol
 from ludic.parsers import Parser
-from ludic.recipes.tictactoe import answer_parser, make_agent
+from ludic.recipes.tictactoe_game import answer_parser, make_agent
 from ludic.training.config import TrainerConfig
 from ludic.types import EnvSpec, RolloutRequest
 

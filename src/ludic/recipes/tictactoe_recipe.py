@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic.inference.models import DEFAULT_MODEL
+from ludic.recipes.common import Clock, machine
 
 CALIBRATION_STEPS = 6
 """SFT steps timed before the step count is fitted to the budget (their median, the first left out)."""
@@ -112,30 +113,12 @@ def recipe(cfg: RecipeConfig) -> dict[str, Any]:
         return asyncio.run(_recipe(cfg))
 
 
-class Clock:
-    """Stage wall times and the budget's deadline."""
-
-    def __init__(self, budget_minutes: float) -> None:
-        self.t0 = time.perf_counter()
-        self.budget_s = budget_minutes * 60.0
-        self.seconds: dict[str, float] = {}
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.t0
-
-    def left(self) -> float:
-        return self.budget_s - self.elapsed() if self.budget_s else math.inf
-
-    def add(self, stage: str, seconds: float) -> None:
-        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
-
-
 async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.config import dump_config
     from ludic.data.offline import OfflineBatchSource, sft_item
     from ludic.data.synth import teacher_position_records, teacher_positions
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.recipes.tictactoe import default_run_dir
+    from ludic.recipes.common import default_run_dir
     from ludic.recipes.tictactoe_positions import PositionGRPO, PositionRLConfig, View
     from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
@@ -403,27 +386,6 @@ class Evaluator:
               f"{rates['best_move_rate']:.1%} value-preserving {rates['value_preserving_rate']:.1%} "
               f"legal {rates['legal_rate']:.1%}", flush=True)
         return StageEval(out, wrong_games["minimax"], wrong_games["random"] + wrong)
-
-
-def machine() -> dict[str, Any]:
-    """What the timings were taken on."""
-    import os
-    import platform
-
-    import torch
-
-    flags = ""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        flags = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    except OSError:
-        pass
-    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
-    limited = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
-               if k in os.environ}
-    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "isa": isa,
-            "kernels": torch.backends.cpu.get_cpu_capability(), "isa_limits": limited,
-            "processor": platform.processor() or platform.machine(), "torch": torch.__version__}
 
 
 def eval_command(run_dir: Path, cfg: dict[str, Any]) -> str:

@@ -78,8 +78,9 @@ async def _seed_recipe(cfg: SeedRecipeConfig) -> dict[str, Any]:
     from ludic.recipes.backends import in_process
     from ludic.recipes.datagen import rejection_sample
     from ludic.recipes.sft import SFTConfig, sft_stage
-    from ludic.recipes.tictactoe import SYSTEM_PROMPT, TrainTicTacToeConfig, default_run_dir, grpo_stage
-    from ludic.recipes.tictactoe_recipe import Clock, machine
+    from ludic.recipes.tictactoe import TrainTicTacToeConfig, grpo_stage
+    from ludic.recipes.tictactoe_game import SYSTEM_PROMPT
+    from ludic.recipes.common import Clock, default_run_dir, machine
     from ludic.training.config import TrainerConfig
     from ludic.training.loggers import logger_names, make_logger
     from ludic.training.lora import LoraSettings, apply_lora, load_policy
@@ -169,9 +170,8 @@ async def _seed_recipe(cfg: SeedRecipeConfig) -> dict[str, Any]:
 async def seed_eval(client: Any, cfg: SeedRecipeConfig) -> dict[str, dict[str, float]]:
     """Exact vs minimax (both seats, every tie-break; positions met) and sampled vs random."""
     from ludic.eval.tictactoe_exact import exact_eval
-    from ludic.recipes.tictactoe import (
-        SYSTEM_PROMPT, eval_requests, make_protocol_factory, outcome_intervals, run_eval,
-    )
+    from ludic.recipes.tictactoe import outcome_intervals
+    from ludic.recipes.tictactoe_game import SYSTEM_PROMPT, eval_requests, make_protocol_factory, run_eval
     from ludic.rollouts.engine import RolloutEngine
 
     exact = await exact_eval(client, ctx=cfg.ctx, system_prompt=SYSTEM_PROMPT, opponent="minimax",

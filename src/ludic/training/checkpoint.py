@@ -187,7 +187,7 @@ def load_checkpoint(
     if not (path / "trainer_state.json").exists():
         raise FileNotFoundError(f"{path} is not a Ludic checkpoint (no trainer_state.json)")
     state = json.loads((path / "trainer_state.json").read_text())
-    from ludic.training.fsdp import is_sharded, load_full_state
+    from ludic.distributed import is_sharded
 
     if is_sharded(model):  # FSDP2: every rank loads the full tensors and keeps its shards
         load_full_state(model, path, optimizer)
@@ -305,3 +305,32 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
         kind, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def load_full_state(model: Any, folder: str | Any, optimizer: Any | None = None) -> None:
+    """Load a checkpoint written by ``Trainer.save`` (full tensors: ``model/`` as ``save_pretrained``
+    wrote it, ``optimizer.pt`` as ``get_optimizer_state_dict(full_state_dict=True)`` gave it) into a
+    sharded model and its optimizer. Collective: every rank reads the files and keeps its own shards.
+    The same checkpoint loads into a single process with ``load_checkpoint`` (the formats are equal)."""
+    import re
+
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+
+    folder = Path(folder)
+    mdir = folder / "model"
+    keys = set(model.state_dict().keys())
+    if hasattr(model, "peft_config"):  # the adapter file drops the adapter's name from its keys
+        name = getattr(model, "active_adapter", "default")
+        raw = load_file(str(mdir / "adapter_model.safetensors"))
+        sd = {re.sub(r"\.(lora_[A-Za-z_]+)\.(weight|bias)$", rf".\1.{name}.\2", k): v for k, v in raw.items()}
+    else:
+        sd = read_full_weights(mdir)
+    unknown = sorted(set(sd) - keys)
+    if unknown:
+        raise RuntimeError(f"{mdir}: weights not in the model: {unknown[:5]}")
+    set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True, strict=False))
+    if optimizer is not None and (folder / "optimizer.pt").exists():
+        osd = torch.load(folder / "optimizer.pt", weights_only=True)
+        set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True))

@@ -42,7 +42,8 @@ from torch import Tensor
 from ludic.data.jsonl import read_jsonl
 from ludic.data.offline import OfflineBatchSource, prompt_ids_for
 from ludic.tokenization import encode, render_ids
-from ludic.training.batching import MicroBatch, score_actions
+from ludic.training.microbatch import MicroBatch
+from ludic.training.scoring import score_actions
 from ludic.types import SAWBatch, SAWItem
 
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ludic.distributed import is_rank0
+from ludic.distributed import is_rank0, is_sharded  # noqa: F401  (is_sharded: also importable from here)
 
 
 def decoder_layers(model: Any) -> list[torch.nn.Module]:
@@ -96,11 +96,6 @@ def shard_model(model: Any, *, mixed_precision: str = "auto", reshard_after_forw
     return model
 
 
-def is_sharded(model: Any) -> bool:
-    """FSDP2's ``fully_shard`` renames the module class to ``FSDP<name>``."""
-    return type(model).__name__.startswith("FSDP")
-
-
 def full_state_dict(model: Any, *, merge_lora: bool = False) -> dict[str, torch.Tensor]:
     """The full (unsharded) state dict on rank 0, ``{}`` on the other ranks. Collective: call on every rank.
     A head tied to the embeddings is left out, as ``save_pretrained`` and inference servers expect.
@@ -126,38 +121,6 @@ def full_state_dict(model: Any, *, merge_lora: bool = False) -> dict[str, torch.
             if a is not None and b is not None and key in out:
                 out[key] = (out[key].float() + scale * (b.float() @ a.float())).to(out[key].dtype)
     return out
-
-
-def load_full_state(model: Any, folder: str | Any, optimizer: Any | None = None) -> None:
-    """Load a checkpoint written by ``Trainer.save`` (full tensors: ``model/`` as ``save_pretrained``
-    wrote it, ``optimizer.pt`` as ``get_optimizer_state_dict(full_state_dict=True)`` gave it) into a
-    sharded model and its optimizer. Collective: every rank reads the files and keeps its own shards.
-    The same checkpoint loads into a single process with ``load_checkpoint`` (the formats are equal)."""
-    import re
-    from pathlib import Path
-
-    from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
-
-    folder = Path(folder)
-    mdir = folder / "model"
-    keys = set(model.state_dict().keys())
-    if hasattr(model, "peft_config"):  # the adapter file drops the adapter's name from its keys
-        name = getattr(model, "active_adapter", "default")
-        raw = load_file(str(mdir / "adapter_model.safetensors"))
-        sd = {re.sub(r"\.(lora_[A-Za-z_]+)\.(weight|bias)$", rf".\1.{name}.\2", k): v for k, v in raw.items()}
-    else:
-        from ludic.training.checkpoint import read_full_weights
-
-        sd = read_full_weights(mdir)
-    unknown = sorted(set(sd) - keys)
-    if unknown:
-        raise RuntimeError(f"{mdir}: weights not in the model: {unknown[:5]}")
-    set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True, strict=False))
-    if optimizer is not None and (folder / "optimizer.pt").exists():
-        osd = torch.load(folder / "optimizer.pt", weights_only=True)
-        set_optimizer_state_dict(model, optimizer, osd, options=StateDictOptions(full_state_dict=True))
 
 
 class GatheringPublisher:

@@ -1,6 +1,6 @@
 """The trainer's scoring pass over a micro-batch's real tokens only, each shared prompt once.
 
-``batching.score_hidden`` needs the final hidden state at every position that predicts an action
+``scoring.score_hidden`` needs the final hidden state at every position that predicts an action
 token. Through the model's own forward a micro-batch is a padded ``[B, T]`` block (a prefix shared
 by every row computed once, then ``B`` rows padded to the longest rest), and every projection and
 MLP multiplies the padding, and each GRPO group's prompt once per micro-batch: in the GRPO benchmark
@@ -42,7 +42,7 @@ def packable(model: Any) -> bool:
     sharded (FSDP2's hooks need the model's own forward), with no attention dropout in effect (the
     flat layout has none), and the fast path on (``ludic.fastpath``)."""
     from ludic import fastpath
-    from ludic.training.fsdp import is_sharded
+    from ludic.distributed import is_sharded
 
     if not fastpath.enabled() or not llama_like(model) or is_sharded(model):
         return False
@@ -102,10 +102,10 @@ def _common(prompts: Sequence[Sequence[int]]) -> int:
 def packed_states(decoder: Any, items: Sequence[SAWItem], rows: Tensor, cols: Tensor, *,
                   embeds: Tensor | None = None, start: int = 0) -> Tensor:
     """Final hidden states [N, H] at positions ``(rows, cols)`` of ``items`` (row ``b`` is item
-    ``b``'s prompt + completion, as ``batching.collate`` lays them out).
+    ``b``'s prompt + completion, as ``microbatch.collate`` lays them out).
 
     ``embeds`` [B, T, H], when given, are the hidden states entering layer ``start`` in that padded
-    layout (a frozen bottom's cached output, ``batching.FrozenBottomCache``): the pass then runs the
+    layout (a frozen bottom's cached output, ``frozen_cache.FrozenBottomCache``): the pass then runs the
     layers from ``start`` on."""
     device = rows.device
     tree = _Tree(items, device)

@@ -36,16 +36,9 @@ from ludic.inference.models import mark_trained
 from ludic.training.fsdp import full_state_dict, is_sharded
 from ludic.rollouts.batch import BatchSource
 from ludic.training.algorithms import Algorithm
-from ludic.training.batching import (
-    FrozenBottomCache,
-    MicroBatch,
-    adapters_disabled,
-    collate,
-    score_actions,
-    score_hidden,
-    split_by_token_budget,
-    truncate_item,
-)
+from ludic.training.frozen_cache import FrozenBottomCache
+from ludic.training.microbatch import MicroBatch, collate, split_by_token_budget, truncate_item
+from ludic.training.scoring import adapters_disabled, score_actions, score_hidden
 from ludic.training.checkpoint import latest_checkpoint, load_checkpoint, load_master_weights, save_checkpoint
 from ludic.training.config import TrainerConfig
 from ludic.training.losses import LossInputs, compute_loss, refuse_truncated_sampling

@@ -85,7 +85,8 @@ class ValueFunction:
     @torch.no_grad()
     def values(self, items: Sequence[SAWItem]) -> list[float]:
         """V at the position predicting each item's first completion token."""
-        from ludic.training.batching import collate, score_hidden, split_by_token_budget
+        from ludic.training.microbatch import collate, split_by_token_budget
+        from ludic.training.scoring import score_hidden
         from ludic.training.packed import packable
 
         head = value_head(self.model)

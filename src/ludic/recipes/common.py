@@ -1,0 +1,54 @@
+"""What every recipe shares: the default name of its run directory, a clock for its stages and budget,
+and a description of the machine its timings were taken on (for reports)."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+
+def default_run_dir(prefix: str) -> Path:
+    """``runs/<prefix>-<YYYYmmdd-HHMMSS>``: where a run writes when ``--run-dir`` is not given."""
+    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+class Clock:
+    """Stage wall times and the budget's deadline."""
+
+    def __init__(self, budget_minutes: float) -> None:
+        self.t0 = time.perf_counter()
+        self.budget_s = budget_minutes * 60.0
+        self.seconds: dict[str, float] = {}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def left(self) -> float:
+        return self.budget_s - self.elapsed() if self.budget_s else math.inf
+
+    def add(self, stage: str, seconds: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+
+def machine() -> dict[str, Any]:
+    """What the timings were taken on."""
+    import os
+    import platform
+
+    import torch
+
+    flags = ""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        flags = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    except OSError:
+        pass
+    isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
+    limited = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+               if k in os.environ}
+    return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "isa": isa,
+            "kernels": torch.backends.cpu.get_cpu_capability(), "isa_limits": limited,
+            "processor": platform.processor() or platform.machine(), "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
