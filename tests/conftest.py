@@ -135,6 +135,35 @@ def scripted():
     return ScriptedClient
 
 
+def vowel_grpo_items(model_dir, *, max_tokens: int, device: str = "cpu") -> list:
+    """GRPO SAW items from real rollouts of the model at ``model_dir`` on ``test_vowels``: 3 groups of 4
+    episodes (strategy seed 3), fp32, sampled on ``device`` (the CPU by default, so every consumer, a
+    GPU test included, gets the same items)."""
+    import asyncio
+
+    from ludic.agents.agent import Agent
+    from ludic.context import FullDialog
+    from ludic.inference.client import SamplingParams
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.interaction import SingleAgentProtocol
+    from ludic.rollouts.batch import build_saw_items
+    from ludic.rollouts.credit import GroupNormalizedReturn
+    from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
+    from ludic.training.lora import load_policy
+    from ludic.types import EnvSpec, RolloutRequest
+
+    model, tok = load_policy(str(model_dir), dtype="float32", device=device, seed=0)
+    engine = TransformersEngine(model, tok)
+
+    def factory():
+        return SingleAgentProtocol(Agent(engine, FullDialog("Talk."), reject_incomplete=False,
+                                         sampling=SamplingParams(temperature=1.0, max_tokens=max_tokens)))
+
+    reqs = GRPORequestStrategy(4, seed=3).expand([RolloutRequest(EnvSpec("test_vowels"), max_steps=1)] * 3)
+    rollouts = asyncio.run(RolloutEngine({"single_agent": factory}).generate_rollouts(reqs))
+    return build_saw_items(rollouts, GroupNormalizedReturn())
+
+
 def vowel_grpo_trainer(model_dir, run_dir, trainer_cfg, *, max_tokens=8, strategy_seed=0, env="test_vowels"):
     """(model, engine, trainer): GRPO + LoRA r4 on the tiny model, 2 groups of 4 VowelEnv episodes per step,
     sampled by the in-process engine, rollouts logged to run_dir/rollouts.jsonl, checkpoints in run_dir/ckpt."""

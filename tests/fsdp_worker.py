@@ -17,10 +17,10 @@ from pathlib import Path
 from dist_rl_worker import ShardSource  # the same per-rank item source (this folder is on sys.path)
 from safetensors.torch import save_file
 
-from ludic.distributed import exit_worker, init_distributed, is_rank0, shutdown_distributed
+from ludic.distributed import exit_worker, init_distributed, is_rank0, is_sharded, shutdown_distributed
 from ludic.inference.publish import merged_state_dict
 from ludic.training.algorithms import make_algorithm
-from ludic.training.fsdp import GatheringPublisher, full_state_dict, is_sharded, shard_model
+from ludic.training.fsdp import GatheringPublisher, full_state_dict, shard_model
 from ludic.training.lora import LoraSettings, load_policy
 from ludic.training.trainer import Trainer, TrainerConfig
 

@@ -2,7 +2,6 @@
 on the same global batch (SFT with full fine-tuning, GRPO with LoRA), publish the same merged weights,
 and write a checkpoint a single process loads."""
 
-import asyncio
 import json
 import os
 import subprocess
@@ -10,10 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import vowel_grpo_items
 from safetensors.torch import load_file
 
-from ludic.rollouts.batch import build_saw_items
-from ludic.rollouts.credit import GroupNormalizedReturn
 from ludic.types import SAWItem
 
 WORKER = str(Path(__file__).with_name("fsdp_worker.py"))
@@ -39,25 +37,7 @@ def _sft_items(tokenizer):
 
 
 def _grpo_items(model_dir):
-    from ludic.agents.agent import Agent
-    from ludic.context import FullDialog
-    from ludic.inference.client import SamplingParams
-    from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.interaction import SingleAgentProtocol
-    from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
-    from ludic.training.lora import load_policy
-    from ludic.types import EnvSpec, RolloutRequest
-
-    model, tok = load_policy(str(model_dir), dtype="float32", seed=0)
-    engine = TransformersEngine(model, tok)
-
-    def factory():
-        return SingleAgentProtocol(Agent(engine, FullDialog("Talk."),
-                                         sampling=SamplingParams(temperature=1.0, max_tokens=6), reject_incomplete=False))
-
-    reqs = GRPORequestStrategy(4, seed=3).expand([RolloutRequest(EnvSpec("test_vowels"), max_steps=1)] * 3)
-    rollouts = asyncio.run(RolloutEngine({"single_agent": factory}).generate_rollouts(reqs))
-    return [it.to_dict() for it in build_saw_items(rollouts, GroupNormalizedReturn())]
+    return [it.to_dict() for it in vowel_grpo_items(model_dir, max_tokens=6)]
 
 
 @pytest.mark.parametrize("mode", ["sft", "grpo"])

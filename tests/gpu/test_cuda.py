@@ -10,7 +10,6 @@ large to carry to a lent GPU machine (``LUDIC_CACHE`` there holds the tiny model
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -19,21 +18,12 @@ import sys
 import pytest
 import torch
 
-from ludic.envs.base import SingleAgentEnv
-from ludic.types import SAWBatch, SAWItem, StepOutcome
+from conftest import VowelEnv, vowel_grpo_items
+
+from ludic.types import SAWBatch, SAWItem
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on a GPU machine)")]
-
-
-class Vowels(SingleAgentEnv):
-    """One step; reward = share of vowels (it varies across a random model's samples)."""
-
-    def env_reset(self, seed=None):
-        return "Say something.", {}
-
-    def env_step(self, action):
-        return StepOutcome("done", sum(c in "aeiou" for c in action) / max(len(action), 1), terminated=True)
 
 
 class Fixed:
@@ -51,35 +41,6 @@ def tiny():
     from ludic.inference.models import cache_dir, make_tiny_model
 
     return str(make_tiny_model(cache_dir() / "models" / "tiny-random-llama"))
-
-
-def _grpo_items(tiny):
-    """GRPO items from real rollouts of the tiny model (sampled on the CPU, so both devices get the same)."""
-    from ludic.agents.agent import Agent
-    from ludic.context import FullDialog
-    from ludic.envs.registry import register_env
-    from ludic.inference.client import SamplingParams
-    from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.interaction import SingleAgentProtocol
-    from ludic.rollouts.batch import build_saw_items
-    from ludic.rollouts.credit import GroupNormalizedReturn
-    from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
-    from ludic.training.lora import load_policy
-    from ludic.types import EnvSpec, RolloutRequest
-
-    register_env("gpu_vowels", Vowels)
-    model, tok = load_policy(tiny, dtype="float32", device="cpu", seed=0)
-    engine = TransformersEngine(model, tok)
-
-    def factory():
-        return SingleAgentProtocol(Agent(engine, FullDialog("Talk."),
-                                         sampling=SamplingParams(temperature=1.0, max_tokens=8), reject_incomplete=False))
-
-    reqs = GRPORequestStrategy(4, seed=3).expand([RolloutRequest(EnvSpec("gpu_vowels"), max_steps=1)] * 3)
-    rollouts = asyncio.run(RolloutEngine({"single_agent": factory}).generate_rollouts(reqs))
-    items = build_saw_items(rollouts, GroupNormalizedReturn())
-    assert any(it.weight != 0 for it in items)
-    return items
 
 
 def _sft_items(n=6, seed=0):
@@ -109,7 +70,8 @@ def test_a_grpo_step_on_the_gpu_matches_the_cpu_in_fp32(tiny):
     from ludic.training.lora import LoraSettings, load_policy
     from ludic.training.trainer import Trainer
 
-    items = _grpo_items(tiny)
+    items = vowel_grpo_items(tiny, max_tokens=8)  # sampled on the CPU: both devices train on the same items
+    assert any(it.weight != 0 for it in items)
     out = {}
     for dev in ("cpu", "cuda"):
         model, tok = load_policy(tiny, lora=LoraSettings(rank=4, alpha=8), dtype="float32", device=dev, seed=0)
@@ -175,7 +137,7 @@ def test_ludic_train_runs_on_the_gpu_and_resumes(tiny, tmp_path):
 
     kw = dict(model=tiny, group_size=4, prompts_per_step=2, eval_episodes=4, max_completion_tokens=8,
               logger="none", run_dir=str(tmp_path / "run"), lr=1e-3)
-    first = ludic.train(Vowels, train_steps=2, **kw)
+    first = ludic.train(VowelEnv, train_steps=2, **kw)
     assert next(first.model.parameters()).device.type == "cuda"
     assert {"base", "trained"} <= set(first.results)
     ckpt = latest_checkpoint(tmp_path / "run" / "checkpoints")
@@ -183,7 +145,7 @@ def test_ludic_train_runs_on_the_gpu_and_resumes(tiny, tmp_path):
     assert "cuda" in json.loads((ckpt / "rng.json").read_text())  # the GPU's RNG is saved with the rest
     lines = (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()
     assert len(lines) == 2 * 2 * 4  # 2 steps x 2 seeds x group 4
-    second = ludic.train(Vowels, train_steps=3, **kw)
+    second = ludic.train(VowelEnv, train_steps=3, **kw)
     lines = (tmp_path / "run" / "rollouts.jsonl").read_text().splitlines()
     assert len(lines) == 3 * 2 * 4, "the resumed run replayed or skipped steps"
     assert latest_checkpoint(tmp_path / "run" / "checkpoints") != ckpt
@@ -194,10 +156,10 @@ NCCL_WORKER = '''
 import json, sys
 import torch
 import torch.distributed as dist
-from ludic.distributed import is_distributed
+from ludic.distributed import is_distributed, is_sharded
 from ludic.training.algorithms import make_sft
 from ludic.training.config import TrainerConfig
-from ludic.training.fsdp import full_state_dict, is_sharded, shard_model
+from ludic.training.fsdp import full_state_dict, shard_model
 from ludic.training.lora import load_policy
 from ludic.training.trainer import Trainer
 from ludic.types import SAWBatch, SAWItem

@@ -55,7 +55,7 @@ async def make_inference(
 ) -> Inference:
     """Backend for a training run on ``model`` (which the trainer updates); ``model_name`` is what a
     started vLLM server serves (the base weights under the LoRA)."""
-    from ludic.training.fsdp import is_sharded
+    from ludic.distributed import is_sharded
 
     if is_sharded(model) and kind != "vllm":
         raise ValueError(f"a sharded (FSDP2) policy samples on a vLLM server: use --inference vllm, not {kind!r}")
@@ -97,7 +97,8 @@ async def make_vllm_training_inference(
     from ludic.inference.publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher
     from ludic.inference.vllm_client import VLLMChatClient
     from ludic.inference.vllm_launcher import VLLMServerProcess
-    from ludic.training.fsdp import GatheringPublisher, is_sharded
+    from ludic.distributed import is_sharded
+    from ludic.training.fsdp import GatheringPublisher
 
     sharded = is_sharded(model)
     peft = hasattr(model, "peft_config") and not sharded  # a sharded LoRA is published merged

@@ -121,7 +121,8 @@ async def sft_stage(
 
     await trainer.train(steps, on_step)
     if cfg.final_save:
-        from ludic.training.fsdp import full_state_dict, is_sharded
+        from ludic.distributed import is_sharded
+        from ludic.training.fsdp import full_state_dict
 
         trainer.save()  # collective when sharded: every rank joins the gather
         state = full_state_dict(model) if is_sharded(model) else None

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ludic.distributed import is_rank0, is_sharded  # noqa: F401  (is_sharded: also importable from here)
+from ludic.distributed import is_rank0, is_sharded
 
 
 def decoder_layers(model: Any) -> list[torch.nn.Module]:

@@ -31,9 +31,9 @@ from typing import Any, Awaitable, Callable
 import torch
 
 from ludic import fastpath
-from ludic.distributed import broadcast_float, is_distributed, is_rank0, reduce_floats
+from ludic.distributed import broadcast_float, is_distributed, is_rank0, is_sharded, reduce_floats
 from ludic.inference.models import mark_trained
-from ludic.training.fsdp import full_state_dict, is_sharded
+from ludic.training.fsdp import full_state_dict
 from ludic.rollouts.batch import BatchSource
 from ludic.training.algorithms import Algorithm
 from ludic.training.frozen_cache import FrozenBottomCache
@@ -239,7 +239,7 @@ class Trainer:
             k: v for k, v in batch.meta.items() if isinstance(v, (int, float, bool))
         }
         metrics.update(admitted, data_s=t_data)
-        if self._global_sum(len(items)) == 0:
+        if reduce_floats([len(items)])[0] == 0:  # no trainable item on any rank
             return self._empty_step(metrics)
         self.empty_streak = 0
         self._count_signal(items, metrics)
@@ -271,7 +271,7 @@ class Trainer:
             else:
                 mask = it.action_mask or (1,) * len(it.completion_ids)
                 zero += sum(1 for m, w in zip(mask, it.token_weights) if m and w == 0.0)
-        zero, total = self._global_sum(zero), self._global_sum(total)
+        zero, total = reduce_floats([zero, total])
         share = zero / total if total else 1.0
         self.no_signal_streak = self.no_signal_streak + 1 if share == 1.0 else 0
         metrics.update(zero_adv_token_share=share, no_signal_streak=self.no_signal_streak)
@@ -318,7 +318,7 @@ class Trainer:
         if self.publisher is None:
             return {}
         remote = self.publisher.server_version() if hasattr(self.publisher, "server_version") else None
-        remote = int(self._broadcast(remote if remote is not None else -1))
+        remote = int(broadcast_float(remote if remote is not None else -1))  # only rank 0 talks to servers
         force = self.cfg.reset_server_version and remote >= 0
         if remote >= self.policy_version and not force:
             if remote > self.policy_version and hasattr(self.source, "discard_versions"):
@@ -326,10 +326,6 @@ class Trainer:
             self.policy_version = remote + 1
         out = self.publisher.publish(self.model, self.policy_version, **({"force": True} if force else {})) or {}
         return {f"publish_{k}": v for k, v in out.items()}
-
-    def _broadcast(self, value: float) -> float:
-        """Rank 0's ``value`` on every rank (only rank 0 talks to servers)."""
-        return broadcast_float(value)
 
     def _empty_step(self, metrics: dict[str, Any]) -> dict[str, Any]:
         self.empty_streak += 1
@@ -359,10 +355,6 @@ class Trainer:
                 cut_n += cut is not it
                 kept.append(cut)
         return kept, {"stale_dropped": stale, "seq_truncated": cut_n, "seq_dropped": dropped}
-
-    def _global_sum(self, n: float) -> float:
-        """``n`` summed over ranks (every rank must call this)."""
-        return reduce_floats([n])[0]
 
     def optimize_batch(self, items: list[SAWItem]) -> dict[str, Any]:
         """All optimizer steps on one collected batch: ``ppo_epochs`` shuffled passes of
