@@ -48,8 +48,9 @@ def test_grpo_end_to_end_changes_lora_and_resumes(tiny_model_dir, tmp_path):
     model, engine, trainer = _grpo_setup(tiny_model_dir, tmp_path)
     start = _lora_params(model)
     history = []
-    asyncio.run(trainer.train(2, lambda step, m: history.append(m)))
+    last = asyncio.run(trainer.train(2, lambda step, m: history.append(m)))
     assert trainer.step == 2 and engine.policy_version == 2
+    assert last is history[-1]  # train() returns the last step's metrics
     for m in history:
         for k in ("loss", "grad_norm", "reward_mean"):
             assert torch.isfinite(torch.tensor(float(m[k]))), (k, m[k])
@@ -69,8 +70,8 @@ def test_grpo_end_to_end_changes_lora_and_resumes(tiny_model_dir, tmp_path):
         assert torch.equal(p, trained[n]), n
     s1, s2 = trainer.optimizer.state_dict()["state"], trainer2.optimizer.state_dict()["state"]
     assert all(torch.equal(s1[k]["exp_avg"], s2[k]["exp_avg"]) for k in s1)
-    asyncio.run(trainer2.train(3))
-    assert trainer2.step == 3
+    assert asyncio.run(trainer2.train(3))["num_items"] == 8
+    assert trainer2.step == 3 and asyncio.run(trainer2.train(3)) == {}  # no step left to run
 
 
 def test_stale_items_are_dropped(tiny_model_dir):

@@ -7,8 +7,12 @@ help. Booleans get ``--flag`` / ``--no-flag``; a tuple of floats is written
 shared by several commands (every training recipe embeds ``trainer:
 TrainerConfig``): its fields become flags of their own names (``--lr``,
 ``--max-grad-norm``, ...), with the command's default instance as defaults.
-Flag names must be unique across a command and its sections. Every run writes
-its resolved config (sections nested) as JSON into its run directory.
+Flag names must be unique across a command and its sections. The groups of
+flags most commands share (model, LoRA, sampling, run) are *blocks*
+(``ludic.recipes.blocks``): dataclasses a command config inherits, so their
+fields stay the command's own attributes and flags; ``--help`` lists each
+block and each section as one group. Every run writes its resolved config
+(sections nested) as JSON into its run directory.
 """
 
 from __future__ import annotations
@@ -62,35 +66,63 @@ def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in text.split(",") if x.strip())
 
 
+def _home(cls: type, name: str) -> type:
+    """The block whose ``--help`` group lists field ``name`` of ``cls``: the most basic dataclass in its
+    MRO that has the field (a command that only changes a block field's default still lists it under the
+    block), or for a block that extends another block, that other block (one group for both)."""
+    home = next((k for k in reversed(cls.__mro__)
+                 if dataclasses.is_dataclass(k) and any(f.name == name for f in dataclasses.fields(k))), cls)
+    while home is not cls:
+        base = next((b for b in home.__bases__ if dataclasses.is_dataclass(b)), None)
+        if base is None:
+            break
+        home = base
+    return home
+
+
+def _title(klass: type) -> str:
+    return (klass.__doc__ or klass.__name__).strip().split("\n")[0].rstrip(".")
+
+
 def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, defaults: Any = None,
-                       _seen: dict[str, str] | None = None) -> None:
-    """Add one flag per field of ``cls`` (recursing into section fields)."""
+                       _seen: dict[str, str] | None = None, _groups: dict[type, Any] | None = None) -> None:
+    """Add one flag per field of ``cls``, recursing into section fields. The command's own fields go
+    into the parser's main group; each block it inherits and each section gets a group of its own,
+    titled by the block's docstring (``ludic.recipes.blocks``)."""
     seen = {} if _seen is None else _seen
+    groups: dict[type, Any] = {cls: parser} if _groups is None else _groups
+    homes = {f.name: _home(cls, f.name) for f in dataclasses.fields(cls)}
+    for klass in cls.__mro__[1:]:  # the blocks' groups, in the order the command lists the blocks
+        if klass in homes.values() and klass not in groups:
+            groups[klass] = parser.add_argument_group(_title(klass))
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp, optional = _base_type(hints[f.name])
         default = getattr(defaults, f.name) if defaults is not None else _default(f)
         if dataclasses.is_dataclass(tp):
-            add_dataclass_args(parser, tp, default, seen)  # a section: flatten its fields
+            if tp not in groups:
+                groups[tp] = parser.add_argument_group(_title(tp))
+            add_dataclass_args(parser, tp, default, seen, groups)  # a section: flatten its fields
             continue
         if f.name in seen:
             raise TypeError(f"{cls.__name__}.{f.name}: flag --{f.name} is also defined by {seen[f.name]}")
         seen[f.name] = cls.__name__
+        group = groups.get(homes[f.name], parser)
         flag = "--" + f.name.replace("_", "-")
         help_text = docs.get(f.name, "").replace("%", "%%")  # argparse %-formats help strings
         if tp is bool:
-            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
-                                help=help_text)
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+                               help=help_text)
         elif tp in (int, float, str):
             conv = tp
             if optional:
                 conv = lambda s, _t=tp: None if s.lower() in ("none", "") else _t(s)  # noqa: E731
-            parser.add_argument(flag, dest=f.name, type=conv, default=default,
-                                help=f"{help_text} (default: {str(default).replace('%', '%%')})")
+            group.add_argument(flag, dest=f.name, type=conv, default=default,
+                               help=f"{help_text} (default: {str(default).replace('%', '%%')})")
         elif typing.get_origin(tp) is tuple and all(a in (float, Ellipsis) for a in typing.get_args(tp)):
-            parser.add_argument(flag, dest=f.name, type=_floats, default=default,
-                                help=f"{help_text} (comma-separated; default: {','.join(map(str, default))})")
+            group.add_argument(flag, dest=f.name, type=_floats, default=default,
+                               help=f"{help_text} (comma-separated; default: {','.join(map(str, default))})")
         else:
             raise TypeError(f"{cls.__name__}.{f.name}: unsupported config type {hints[f.name]}")
 

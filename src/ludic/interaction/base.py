@@ -21,14 +21,8 @@ class InteractionProtocol(ABC):
     """Owns the loop between agents and an env; returns one Rollout per managed agent."""
 
     @abstractmethod
-    async def run(
-        self,
-        env: LudicEnv,
-        *,
-        max_steps: int,
-        env_seed: int | None = None,
-        sampling_seed: int | None = None,
-    ) -> list[Rollout]:
+    async def run(self, env: LudicEnv, *, max_steps: int, env_seed: int | None = None,
+                  sampling_seed: int | None = None) -> list[Rollout]:
         """Play one episode. An exception inside it ends it as failed rollouts; only an env
         the protocol cannot drive (wrong agents) raises."""
 

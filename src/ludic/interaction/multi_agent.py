@@ -22,14 +22,8 @@ from typing import Collection
 from ludic.agents.agent import Agent, AgentTurn
 from ludic.envs.base import LudicEnv
 from ludic.errors import episode_failure, stage
-from ludic.interaction.base import (
-    InteractionProtocol,
-    env_step,
-    error_step,
-    failed_request_step,
-    mark_truncated,
-    parse_error_step,
-)
+from ludic.interaction.base import (InteractionProtocol, env_step, error_step, failed_request_step, mark_truncated,
+                                    parse_error_step)
 from ludic.types import JSON, Rollout, Step, StepOutcome
 
 
@@ -65,14 +59,8 @@ class MultiAgentProtocol(InteractionProtocol):
         self.stop_on_parse_error = stop_on_parse_error
         self.frozen = frozenset(frozen)
 
-    async def run(
-        self,
-        env: LudicEnv,
-        *,
-        max_steps: int,
-        env_seed: int | None = None,
-        sampling_seed: int | None = None,
-    ) -> list[Rollout]:
+    async def run(self, env: LudicEnv, *, max_steps: int, env_seed: int | None = None,
+                  sampling_seed: int | None = None) -> list[Rollout]:
         unknown = set(self.agents) - set(env.agent_ids)
         if unknown:
             raise ValueError(f"agents {sorted(unknown)} are not roles of {type(env).__name__}")

@@ -5,15 +5,8 @@ from __future__ import annotations
 from ludic.agents.agent import Agent, AgentTurn
 from ludic.envs.base import LudicEnv
 from ludic.errors import episode_failure, stage
-from ludic.interaction.base import (
-    InteractionProtocol,
-    env_step,
-    error_step,
-    failed_request_step,
-    mark_truncated,
-    parse_error_step,
-    tool_step,
-)
+from ludic.interaction.base import (InteractionProtocol, env_step, error_step, failed_request_step, mark_truncated,
+                                    parse_error_step, tool_step)
 from ludic.types import JSON, Rollout, Step
 
 
@@ -32,14 +25,8 @@ class SingleAgentProtocol(InteractionProtocol):
         self.agent = agent
         self.stop_on_parse_error = stop_on_parse_error
 
-    async def run(
-        self,
-        env: LudicEnv,
-        *,
-        max_steps: int,
-        env_seed: int | None = None,
-        sampling_seed: int | None = None,
-    ) -> list[Rollout]:
+    async def run(self, env: LudicEnv, *, max_steps: int, env_seed: int | None = None,
+                  sampling_seed: int | None = None) -> list[Rollout]:
         if len(env.agent_ids) != 1:
             raise ValueError(
                 f"SingleAgentProtocol needs a single-agent env, {type(env).__name__} has {env.agent_ids}"

@@ -73,9 +73,9 @@ async def make_eval_client(cfg: Any) -> tuple[ChatClient, Callable[[], Awaitable
     """Client for evaluation: a local model (+ adapter) or a vLLM server."""
     if cfg.inference == "transformers":
         from ludic.inference.transformers_engine import TransformersEngine
-        from ludic.training.lora import load_policy
+        from ludic.recipes.blocks import load_policy_for
 
-        model, tok = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+        model, tok = load_policy_for(cfg)
         model.eval()
         return TransformersEngine(model, tok), _noop
     if cfg.inference == "vllm":

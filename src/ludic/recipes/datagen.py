@@ -16,17 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ludic.inference.models import DEFAULT_MODEL
+from ludic.recipes.blocks import EvalInferenceBlock, ModelBlock
 
 
 @dataclass
-class DatagenConfig:
+class DatagenConfig(ModelBlock, EvalInferenceBlock):
     """Generate tic-tac-toe SFT data (rejection sampling or solver teacher)."""
 
     source: str = "teacher"
     """teacher (perfect solver with templated thoughts) or model (rejection sampling)."""
-    model: str = DEFAULT_MODEL
-    adapter: str | None = None
     episodes: int = 5000
     output: str = "data/tictactoe_sft_train_data.jsonl"
     transform: bool = True
@@ -45,11 +43,6 @@ class DatagenConfig:
     max_tokens: int = 250
     max_steps: int = 5
     concurrency: int = 32
-    inference: str = "transformers"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    start_server: bool = False
-    dtype: str = "auto"
     seed: int = 0
 
 

@@ -18,28 +18,35 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ludic.inference.models import DEFAULT_MODEL
+from ludic.recipes.blocks import LoraBlock, ModelBlock, OfflineBlock, TrainRunBlock, load_policy_for, open_offline_logger
 from ludic.training.config import TrainerConfig
 
 REFERENCES = ("auto", "base", "copy")
 
 
 @dataclass
-class DPOTrainConfig:
+class DPOTrainConfig(ModelBlock, LoraBlock, OfflineBlock, TrainRunBlock):
     """Direct preference optimisation (DPO / IPO / hinge) on preference pairs."""
 
     model: str = DEFAULT_MODEL
     """Policy to start from, usually an SFT checkpoint folder (the seed's --path)."""
+    adapter: str | None = None
+    """Start from this LoRA adapter (on --model): trained further with LoRA, merged into the weights with
+    --full-finetune."""
     data: str = "tictactoe_dpo_template.jsonl"
     """One or more JSONL files of {prompt, chosen, rejected}, comma-separated."""
     epochs: float = 3.0
     batch_size: int = 8
     """Preference pairs per optimizer step per rank (2x as many sequences)."""
+    chat_template: bool = False
+    """Wrap string prompts as a user turn of the chat template (messages prompts always use it). Off by
+    default: the ThinkTacToe data is raw text, as in the seed."""
+    full_finetune: bool = True
     beta: float = 0.1
     """Inverse temperature: higher keeps the policy closer to the reference (IPO: tau)."""
     loss_type: str = "sigmoid"
@@ -52,27 +59,6 @@ class DPOTrainConfig:
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-6, lr_schedule="linear"))
     """Optimisation (--lr, --lr-schedule, --max-seq-len, ...: see TrainerConfig). Pairs whose prompt alone
     fills max_seq_len are dropped; longer ones lose completion tokens."""
-    full_finetune: bool = True
-    """Train all weights (else a LoRA adapter with lora_rank / lora_alpha)."""
-    lora_rank: int = 16
-    lora_alpha: float = 32.0
-    adapter: str | None = None
-    """Start from this LoRA adapter (on --model): trained further with LoRA, merged into the weights with
-    --full-finetune."""
-    chat_template: bool = False
-    """Wrap string prompts as a user turn of the chat template (messages prompts always use it). Off by
-    default: the ThinkTacToe data is raw text, as in the seed."""
-    max_steps: int = 0
-    """Stop after this many steps (0: epochs decide)."""
-    dtype: str = "auto"
-    final_save: bool = True
-    run_dir: str | None = None
-    logs_dir: str | None = None
-    """Also write the seed's text log (dpo_training_logs_<time>.txt) here (default: the run dir)."""
-    logger: str = "rich"
-    log_every: int = 1
-    resume: bool = True
-    seed: int = 0
 
 
 def dpo(cfg: DPOTrainConfig) -> dict[str, Any]:
@@ -106,37 +92,23 @@ def load_pairs(paths: list[str], tokenizer: Any, chat: bool, max_seq_len: int) -
 
 
 async def _dpo(cfg: DPOTrainConfig) -> dict[str, Any]:
-    from ludic.config import dump_config
-    from ludic.data.text_logs import TextLogLogger
-    from ludic.recipes.common import default_run_dir
     from ludic.distributed import broadcast_object, init_distributed, shutdown_distributed
     from ludic.training.dpo import DPOLossConfig
-    from ludic.training.loggers import MultiLogger, make_logger
-    from ludic.training.lora import LoraSettings, load_policy
 
     DPOLossConfig(beta=cfg.beta, loss_type=cfg.loss_type, label_smoothing=cfg.label_smoothing)  # fail fast
     reference = resolve_reference(cfg.reference, lora=not cfg.full_finetune, adapter=cfg.adapter)
     rank, world = init_distributed()
-    run_dir = Path(broadcast_object(str(cfg.run_dir or default_run_dir("dpo"))))
-    lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
-    model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    run_dir = Path(broadcast_object(str(cfg.resolve_run_dir("dpo"))))
+    model, tok = load_policy_for(cfg)
     if cfg.full_finetune and cfg.adapter is not None:
         model = model.merge_and_unload().requires_grad_(True)
-    paths = [p.strip() for p in cfg.data.split(",") if p.strip()]
-    pairs, dropped = load_pairs(paths, tok, cfg.chat_template, cfg.trainer.max_seq_len)
+    pairs, dropped = load_pairs(cfg.data_paths(), tok, cfg.chat_template, cfg.trainer.max_seq_len)
     if not pairs:
         raise ValueError(f"no preference pairs fit max_seq_len={cfg.trainer.max_seq_len} in {cfg.data}")
     if dropped and rank == 0:
         print(f"[ludic] dropped {dropped} pairs whose prompt alone fills max_seq_len={cfg.trainer.max_seq_len}")
-    steps = math.ceil(cfg.epochs * len(pairs) / (cfg.batch_size * world))
-    if cfg.max_steps:
-        steps = min(steps, cfg.max_steps)
-    logger: Any = None
-    if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, run_dir / "config.json")
-        logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=steps)
-        logger = MultiLogger(logger.loggers + [TextLogLogger(cfg.logs_dir or run_dir, "dpo")])
+    steps = cfg.steps_for(len(pairs), world)
+    logger = open_offline_logger(cfg, run_dir, steps, "dpo")
     last = await dpo_stage(cfg, model, tok, pairs, run_dir, logger, steps, reference=reference)
     if logger is not None:
         logger.close()

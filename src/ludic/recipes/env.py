@@ -41,7 +41,7 @@ from typing import Any, Callable, Sequence
 
 from ludic.envs.registry import import_attr
 from ludic.errors import UsageError
-from ludic.inference.models import DEFAULT_MODEL
+from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock, load_policy_for
 from ludic.training.config import TrainerConfig
 from ludic.types import EnvSpec, Rollout, RolloutRequest
 
@@ -52,7 +52,7 @@ FORMAT_DEMO_EPISODES = 32
 
 @dataclass
 class EnvConfig:
-    """Which env, and how the agent sees and answers it (shared by ``train env`` and ``eval env``)."""
+    """Env: which environment, and how the agent sees and answers it (train env and eval env)."""
 
     env: str = ""
     """An env kind: registered name | textarena:ID | reasoning_gym:NAME | gem:ID | gym:ID | module:factory."""
@@ -81,25 +81,13 @@ class EnvConfig:
 
 
 @dataclass
-class TrainEnvConfig:
+class TrainEnvConfig(ModelBlock, LoraBlock, GRPOBlock, TrainRunBlock):
     """GRPO + LoRA on any environment, evaluated on held-out seeds before and after."""
 
     env: EnvConfig = field(default_factory=EnvConfig)
-    model: str = DEFAULT_MODEL
-    adapter: str | None = None
-    group_size: int = 8
-    prompts_per_step: int = 4
-    """Env seeds per step (each played group_size times)."""
-    train_steps: int = 30
-    temperature: float = 1.0
-    algorithm: str = "grpo"
-    kl_coef: float = 0.0
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=2e-4))
     """lr 2e-4: on reasoning-gym gcd (values 2-40, seed 0, 30 steps) 5e-5 left the sampled reward flat
     (0.16 -> 0.19 over 5-step windows) and 2e-4 doubled it (0.15 -> 0.34); one task, one seed so far."""
-    lora_rank: int = 16
-    lora_alpha: float = 32.0
-    full_finetune: bool = False
     eval_episodes: int = 64
     """Held-out episodes (greedy) before and after training; 0: no evaluation."""
     eval_every: int = 0
@@ -111,28 +99,16 @@ class TrainEnvConfig:
     """Example replies (.jsonl / .txt) or module:function (observation -> reply) for a format cold start."""
     format_demo_steps: int = 10
     format_demo_lr: float = 2e-4
-    run_dir: str | None = None
-    logger: str = "rich"
-    resume: bool = True
-    final_save: bool = True
-    dtype: str = "auto"
-    device: str = "auto"
-    """cpu, cuda, cuda:N; auto: the GPU when PyTorch sees one (``$LUDIC_DEVICE`` overrides)."""
-    seed: int = 0
 
 
 @dataclass
-class EvalEnvConfig:
+class EvalEnvConfig(ModelBlock):
     """Success rate and mean reward of a policy on held-out episodes of any environment."""
 
     env: EnvConfig = field(default_factory=EnvConfig)
-    model: str = DEFAULT_MODEL
-    adapter: str | None = None
     episodes: int = 64
     temperature: float = 0.0
     out: str = "env_eval.jsonl"
-    dtype: str = "auto"
-    device: str = "auto"
     seed: int = 0
 
 
@@ -424,22 +400,18 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     from ludic.inference.client import SamplingParams
     from ludic.inference.publish import InProcessPublisher
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.recipes.common import default_run_dir
     from ludic.rollouts.batch import RolloutBatchSource
     from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
     from ludic.training.algorithms import algorithm_for
     from ludic.training.loggers import logger_names, make_logger
-    from ludic.training.lora import LoraSettings, load_policy
     from ludic.training.trainer import Trainer, frozen_copy
 
     logger_names(cfg.logger)
     env = probe_env(cfg.env)
-    run_dir = Path(cfg.run_dir or default_run_dir("env"))
+    run_dir = cfg.resolve_run_dir("env")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
-    lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
-    model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device,
-                           seed=cfg.seed)
+    model, tok = load_policy_for(cfg)
     engine = TransformersEngine(model, tok)
     multi = len(env.agent_ids) > 1
     frozen = TransformersEngine(frozen_copy(model), tok) if multi else None
@@ -551,16 +523,15 @@ def eval_env(cfg: EvalEnvConfig) -> dict[str, Any]:
 async def _eval_env(cfg: EvalEnvConfig) -> dict[str, Any]:
     from ludic.inference.client import SamplingParams
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.training.lora import load_policy
 
     env = probe_env(cfg.env)
-    model, tok = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device, seed=cfg.seed)
+    model, tok = load_policy_for(cfg)
     model.eval()
     engine = TransformersEngine(model, tok)
     sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.env.max_completion_tokens)
     frozen = None
     if len(env.agent_ids) > 1:  # the fixed opponent: the base model
-        base, _ = load_policy(cfg.model, dtype=cfg.dtype, device=cfg.device, seed=cfg.seed)
+        base, _ = load_policy_for(cfg, adapter=None)
         base.eval()
         frozen = TransformersEngine(base, tok)
     protos = protocols(engine, cfg.env, env, sampling, frozen, SamplingParams(temperature=0.0,

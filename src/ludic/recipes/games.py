@@ -27,10 +27,10 @@ from ludic.agents.agent import Agent
 from ludic.config import dump_config
 from ludic.context import make_context
 from ludic.inference.client import ChatClient, SamplingParams
-from ludic.inference.models import DEFAULT_MODEL
 from ludic.interaction import SingleAgentProtocol
 from ludic.interaction.multi_agent import MultiAgentProtocol
 from ludic.parsers import identity_parser
+from ludic.recipes.blocks import EvalInferenceBlock, ModelBlock, TrainRunBlock, load_policy_for
 from ludic.rollouts.batch import RolloutBatchSource
 from ludic.rollouts.engine import RolloutEngine
 from ludic.training.config import TrainerConfig
@@ -41,21 +41,32 @@ EXPLOITABILITY_GAMES = ("kuhn_poker", "leduc_poker")
 
 
 @dataclass
-class TrainGamesConfig:
-    """PPO + LoRA on OpenSpiel games (a value head, GAE, clipped losses, adaptive KL)."""
+class GamesBlock:
+    """Games: which games, against whom, and how the agent answers (train and eval)."""
 
-    model: str = DEFAULT_MODEL
-    adapter: str | None = None
-    """Start from this LoRA adapter folder (merged into the base)."""
     games: str = "kuhn_poker"
     """Comma-separated pyspiel game names and/or task ids (GGGGCCCCCCCC), sampled uniformly per episode."""
     opponent: str = "random"
     """random, mcts (the suite's per-game strength unless --mcts-simulations), self (every seat the
-    policy) or league (two-player games: the other seat is a frozen earlier snapshot of the policy)."""
+    policy) or league (training, two-player games: the other seat is a frozen earlier snapshot)."""
     mcts_simulations: int = 0
     """MCTS simulations per move (0: the game's preset)."""
     mcts_rollouts: int = 0
     """Random rollouts per MCTS leaf (0: the game's preset)."""
+    max_completion_tokens: int = 8
+    """Reply limit: an action id needs a few tokens."""
+    max_turns: int = 60
+    """Agent turns per episode (retries included) before the episode is cut."""
+    invalid_reward: float = -0.1
+    """Reward of an answer that names no legal action (the turn is retried, 3 attempts)."""
+    ctx: str = "last"
+    """Context: last (the rules and the current turn) or full (the whole conversation)."""
+
+
+@dataclass
+class TrainGamesConfig(ModelBlock, GamesBlock, TrainRunBlock):
+    """PPO + LoRA on OpenSpiel games (a value head, GAE, clipped losses, adaptive KL)."""
+
     league_size: int = 4
     """--opponent league: snapshots kept (in <run_dir>/league; the oldest is dropped)."""
     league_every: int = 5
@@ -69,14 +80,6 @@ class TrainGamesConfig:
     <run_dir>/format_sft, the PPO's KL reference); NashConv is measured before and after it."""
     format_demo_lr: float = 5e-4
     temperature: float = 1.0
-    max_completion_tokens: int = 8
-    """Reply limit: an action id needs a few tokens."""
-    max_turns: int = 60
-    """Agent turns per episode (retries included) before the episode is cut."""
-    invalid_reward: float = -0.1
-    """Reward of an answer that names no legal action (the turn is retried, 3 attempts)."""
-    ctx: str = "last"
-    """Context: last (the rules and the current turn) or full (the whole conversation)."""
     algorithm: str = "ppo"
     """ppo (a value head, GAE, the clipped objective) or mmd (magnetic mirror descent on information
     states: per-state targets from the batch's returns, fitted by a balanced cross-entropy; no critic;
@@ -107,11 +110,6 @@ class TrainGamesConfig:
     eval_every: int = 5
     """Exploitability (kuhn_poker, leduc_poker) every N steps (0: only at the start and the end)."""
     concurrency: int = 32
-    run_dir: str | None = None
-    logger: str = "rich"
-    dtype: str = "auto"
-    seed: int = 0
-    resume: bool = True
     curriculum: bool = False
     """Opponent ladder easy (random) -> medium (MCTS at a tenth of its strength) -> hard (MCTS), moving on
     at 70% success over the last 100 episodes, with 30% of tasks replayed from past failures
@@ -442,10 +440,9 @@ def train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
 
 async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.recipes.common import default_run_dir
     from ludic.training.algorithms import make_mmd, make_ppo
     from ludic.training.loggers import logger_names, make_logger
-    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, load_policy
+    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers
     from ludic.training.trainer import Trainer
     from ludic.training.value import ValueFunction, attach_value_head
 
@@ -466,14 +463,13 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
         many = [g for g in games if players(g) != 2]
         if many:
             raise ValueError(f"--opponent league plays two-player games; not: {[game_name(g) for g in many]}")
-    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(f"games-{'-'.join(names)}")
+    run_dir = cfg.resolve_run_dir(f"games-{'-'.join(names)}")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
     curve: list[dict[str, Any]] = []
     formatted = run_dir / "format_sft"
     if cfg.format_demos and not (cfg.resume and (formatted / "config.json").exists()):
-        model, tok = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed,
-                                 lora=LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult))
+        model, tok = load_policy_for(cfg, lora=LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult))
         before = exploitability(model, tok, names, cfg.temperature)
         if before:
             curve.append({"step": 0, "stage": "base", **before})
@@ -481,9 +477,9 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
         await run_format_demos(cfg, model, tok, run_dir)
         del model
     if cfg.format_demos:  # PPO starts from the merged format SFT: its KL reference is that policy
-        model, tok = load_policy(str(formatted), dtype=cfg.dtype, seed=cfg.seed)
+        model, tok = load_policy_for(cfg, model=str(formatted), adapter=None)
     else:
-        model, tok = load_policy(cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+        model, tok = load_policy_for(cfg)
     n_layers = len(decoder_layers(model))
     top = n_layers if cfg.lora_layer_share >= 1 else max(1, round(cfg.lora_layer_share * n_layers))
     model = apply_lora(model, LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult,
@@ -530,19 +526,16 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
             print(f"[games] step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in ex.items()), flush=True)
 
     measure(trainer.step)
-    last: dict[str, Any] = {}
-
     async def on_step(step: int, metrics: dict[str, Any]) -> None:
-        nonlocal last
-        last = dict(metrics)
         if league is not None:
             league.maybe_snapshot(model, step)
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.train_steps:
             measure(step)
 
     try:
-        await trainer.train(cfg.train_steps, on_step)
-        trainer.save()
+        last = await trainer.train(cfg.train_steps, on_step)
+        if cfg.final_save:
+            trainer.save()
         measure(trainer.step)
     finally:
         logger.close()
@@ -552,28 +545,16 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
 
 
 @dataclass
-class EvalGamesConfig:
+class EvalGamesConfig(ModelBlock, GamesBlock, EvalInferenceBlock):
     """Evaluate a model (or LoRA adapter) on OpenSpiel games."""
 
-    model: str = DEFAULT_MODEL
-    adapter: str | None = None
-    games: str = "kuhn_poker"
-    opponent: str = "random"
-    mcts_simulations: int = 0
-    mcts_rollouts: int = 0
     episodes: int = 100
     """Episodes per game (sampled evaluation; the seat and chance come from fixed seeds)."""
     temperature: float = 0.0
-    max_completion_tokens: int = 8
-    max_turns: int = 60
-    invalid_reward: float = -0.1
-    ctx: str = "last"
     exploitability: bool = False
     """Also compute the exact NashConv (kuhn_poker, leduc_poker) and, on tic_tac_toe, the share of
     value-preserving moves over every position (from the model's action probabilities)."""
     concurrency: int = 64
-    inference: str = "transformers"
-    dtype: str = "auto"
     seed: int = 0
     out: str | None = None
     """Write the results JSON here too."""

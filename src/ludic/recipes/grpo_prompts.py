@@ -15,20 +15,17 @@ import asyncio
 import random
 import statistics
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any, Sequence
 
-from ludic.inference.models import DEFAULT_MODEL
+from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock, load_policy_for
 from ludic.training.config import TrainerConfig
 from ludic.types import Rollout
 
 
 @dataclass
-class TrainPromptsConfig:
+class TrainPromptsConfig(ModelBlock, LoraBlock, GRPOBlock, TrainRunBlock):
     """GRPO on a JSONL prompt dataset scored by a reward function."""
 
-    model: str = DEFAULT_MODEL
-    adapter: str | None = None
     data: str = "data/tictactoe_grpo.jsonl"
     reward: str = "move_quality"
     """Registered reward function (prompt, completion) -> float."""
@@ -36,26 +33,13 @@ class TrainPromptsConfig:
     """Feed prompts as raw text (no chat template), as the ThinkTacToe datasets expect."""
     stop: str = "<|end|>"
     """Stop string for completions ('' for none)."""
-    algorithm: str = "grpo"
     group_size: int = 4
-    prompts_per_step: int = 4
     train_steps: int = 20
-    temperature: float = 1.0
     max_completion_tokens: int = 32
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-5))
     """Optimisation (--lr, --max-grad-norm, --lr-schedule, ...: see TrainerConfig)."""
-    lora_rank: int = 16
-    lora_alpha: float = 32.0
-    full_finetune: bool = False
-    kl_coef: float = 0.0
-    run_dir: str | None = None
     logs_dir: str | None = None
     """Also write the seed's text log (grpo_training_logs_<time>.txt) here (default: the run dir)."""
-    logger: str = "rich"
-    final_save: bool = True
-    resume: bool = True
-    dtype: str = "auto"
-    seed: int = 0
 
 
 def reward_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
@@ -79,21 +63,18 @@ async def _train_prompts(cfg: TrainPromptsConfig) -> dict[str, Any]:
     from ludic.inference.client import SamplingParams
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.interaction import SingleAgentProtocol
-    from ludic.recipes.common import default_run_dir
     from ludic.rollouts.batch import RolloutBatchSource
     from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
     from ludic.training.algorithms import algorithm_for
     from ludic.training.loggers import MultiLogger, make_logger
-    from ludic.training.lora import LoraSettings, load_policy
     from ludic.training.trainer import Trainer
     from ludic.types import EnvSpec, RolloutRequest
 
     records = read_jsonl(cfg.data, {"prompt": str})
-    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir("grpo-prompts")
+    run_dir = cfg.resolve_run_dir("grpo-prompts")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
-    lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
-    model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    model, tok = load_policy_for(cfg)
     engine = TransformersEngine(model, tok)
     sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.max_completion_tokens,
                               stop=(cfg.stop,) if cfg.stop else ())
@@ -135,13 +116,7 @@ async def _train_prompts(cfg: TrainPromptsConfig) -> dict[str, Any]:
     if cfg.resume:
         trainer.resume()
     cursor = trainer.step * cfg.prompts_per_step  # resumed runs continue through the dataset
-    last: dict[str, Any] = {}
-
-    def on_step(step: int, metrics: dict[str, Any]) -> None:
-        nonlocal last
-        last = metrics
-
-    await trainer.train(cfg.train_steps, on_step)
+    last = await trainer.train(cfg.train_steps)
     if cfg.final_save:
         trainer.save()
     logger.close()

@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from ludic.inference.models import DEFAULT_MODEL
+from ludic.recipes.blocks import (EvalInferenceBlock, GRPOBlock, InferenceBlock, LoraBlock, ModelBlock, TrainRunBlock,
+                                  load_policy_for)
 from ludic.training.config import TrainerConfig
 from ludic.types import Rollout
 
@@ -189,11 +190,9 @@ def format_metrics(name: str, m: dict[str, Any]) -> str:
 
 
 @dataclass
-class EvalQAConfig:
+class EvalQAConfig(ModelBlock, EvalInferenceBlock):
     """Accuracy and pass@k on a QA split."""
 
-    model: str = DEFAULT_MODEL
-    adapter: str | None = None
     qa: QAOptions = field(default_factory=QAOptions)
     split: str = "test"
     limit: int = 100
@@ -203,13 +202,7 @@ class EvalQAConfig:
     k: str = "1"
     """Comma-separated k values for pass@k."""
     temperature: float = 0.0
-    inference: str = "transformers"
-    """transformers | vllm."""
-    start_server: bool = False
-    host: str = "127.0.0.1"
-    port: int = 8000
     out: str = "qa_eval.jsonl"
-    dtype: str = "auto"
     seed: int = 0
 
 
@@ -235,42 +228,21 @@ async def _eval_qa(cfg: EvalQAConfig) -> dict[str, Any]:
 
 
 @dataclass
-class TrainQAConfig:
+class TrainQAConfig(ModelBlock, LoraBlock, GRPOBlock, InferenceBlock, TrainRunBlock):
     """GRPO on graded QA answers, with accuracy on a held-out split before and after."""
 
-    model: str = DEFAULT_MODEL
-    adapter: str | None = None
     qa: QAOptions = field(default_factory=QAOptions)
     split: str = "train"
     eval_split: str = "test"
     eval_limit: int = 100
     """Held-out records evaluated (greedy) before and after training (0: no evaluation)."""
-    group_size: int = 8
-    prompts_per_step: int = 4
-    train_steps: int = 30
-    temperature: float = 1.0
-    algorithm: str = "grpo"
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=5e-5))
-    lora_rank: int = 16
-    lora_alpha: float = 32.0
-    full_finetune: bool = False
-    kl_coef: float = 0.0
-    inference: str = "transformers"
-    """transformers (in process) | vllm (a server started for the run, or the one at --port)."""
-    port: int = 0
-    """With --inference vllm: a running Ludic vLLM server on this port (0: start one for the run)."""
-    host: str = "127.0.0.1"
     tool_demos: int = 0
     """With --tools: first this many SFT steps on teacher transcripts (a calculator call on the record's
     expression, then the result as the answer), written through the same agent and template; 0: none."""
     tool_demo_lr: float = 5e-4
     fsdp_mixed_precision: str = "auto"
     """Under torchrun (FSDP2): auto (compute in --dtype over fp32 shards) | bf16 | none (shard as loaded)."""
-    run_dir: str | None = None
-    logger: str = "rich"
-    resume: bool = True
-    dtype: str = "auto"
-    seed: int = 0
 
 
 async def run_tool_demos(cfg: "TrainQAConfig", model: Any, tok: Any, records: Sequence[dict], publisher: Any) -> None:
@@ -297,12 +269,10 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
     from ludic.interaction import SingleAgentProtocol
     from ludic.recipes.backends import make_inference
     from ludic.recipes.grpo_prompts import reward_metrics
-    from ludic.recipes.common import default_run_dir
     from ludic.rollouts.batch import RolloutBatchSource
     from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
     from ludic.training.algorithms import algorithm_for
     from ludic.training.loggers import logger_names, make_logger
-    from ludic.training.lora import LoraSettings, load_policy
     from ludic.training.fsdp import shard_model
     from ludic.training.trainer import Trainer
 
@@ -315,12 +285,11 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
     records = load_qa_records(cfg.qa.data, cfg.split, cfg.qa.question_key, cfg.qa.answer_key)
     held_out = (load_qa_records(cfg.qa.data, cfg.eval_split, cfg.qa.question_key, cfg.qa.answer_key,
                                 cfg.eval_limit) if cfg.eval_limit and rank == 0 else [])
-    run_dir = Path(broadcast_object(cfg.run_dir or str(default_run_dir("qa"))))
+    run_dir = Path(broadcast_object(str(cfg.resolve_run_dir("qa"))))
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(cfg, run_dir / "config.json")
-    lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
-    model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    model, tok = load_policy_for(cfg)
     if world > 1:
         model = shard_model(model, mixed_precision=cfg.fsdp_mixed_precision if cfg.trainer.master_weights else "none")
     inf = await make_inference(cfg.inference, model, tok, cfg.model, run_dir, host=cfg.host, port=cfg.port,
@@ -373,7 +342,8 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
                 await run_tool_demos(cfg, model, tok, records, inf.publisher)
                 await evaluate("after_demos")
         await trainer.train(cfg.train_steps)
-        trainer.save()
+        if cfg.final_save:
+            trainer.save()
         await evaluate("after")
         if "before" in results and "after" in results:
             results["accuracy_gain"] = results["after"]["accuracy"] - results["before"]["accuracy"]

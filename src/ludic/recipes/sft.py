@@ -9,50 +9,28 @@ tokenizer; the final model is also written to ``<run_dir>/final``.
 from __future__ import annotations
 
 import asyncio
-import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ludic.inference.models import DEFAULT_MODEL
+from ludic.recipes.blocks import LoraBlock, ModelBlock, OfflineBlock, TrainRunBlock, load_policy_for, open_offline_logger
 from ludic.training.config import TrainerConfig
 
 
 @dataclass
-class SFTConfig:
+class SFTConfig(ModelBlock, LoraBlock, OfflineBlock, TrainRunBlock):
     """Supervised fine-tuning (uniform-weight NLL on completion tokens)."""
 
-    model: str = DEFAULT_MODEL
     data: str = "data/tictactoe_sft_train_data.jsonl"
     """One or more JSONL files, comma-separated."""
-    epochs: float = 1.0
-    batch_size: int = 4
-    """Examples per optimizer step per rank (effective batch = batch_size x world size)."""
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-4, lr_schedule="cosine"))
     """Optimisation (--lr, --lr-schedule, --warmup-steps, --max-grad-norm, ...: see TrainerConfig)."""
     full_finetune: bool = True
-    """Train all weights (else a LoRA adapter with lora_rank / lora_alpha)."""
-    lora_rank: int = 16
-    lora_alpha: float = 32.0
-    adapter: str | None = None
-    """Continue training this LoRA adapter."""
-    chat_template: bool = True
-    """Apply the chat template to prompt/completion records (messages records always use it)."""
-    max_steps: int = 0
-    """Stop after this many steps (0: epochs decide)."""
-    dtype: str = "auto"
+    """Train all weights (else a LoRA adapter with lora_rank / lora_alpha); --adapter: continue that one."""
     fsdp: bool = True
     """Under torchrun: shard the model with FSDP2 (fully_shard); False replicates it and sums gradients."""
     fsdp_mixed_precision: str = "auto"
     """Under torchrun (FSDP2): auto (compute in --dtype over fp32 shards) | bf16 | none (shard as loaded)."""
-    final_save: bool = True
-    run_dir: str | None = None
-    logs_dir: str | None = None
-    """Also write the seed's text log (sft_training_logs_<time>.txt) here (default: the run dir)."""
-    logger: str = "rich"
-    log_every: int = 1
-    resume: bool = True
-    seed: int = 0
 
 
 def sft(cfg: SFTConfig) -> dict[str, Any]:
@@ -60,32 +38,19 @@ def sft(cfg: SFTConfig) -> dict[str, Any]:
 
 
 async def _sft(cfg: SFTConfig) -> dict[str, Any]:
-    from ludic.config import dump_config
     from ludic.data.offline import load_sft_items
-    from ludic.data.text_logs import TextLogLogger
-    from ludic.recipes.common import default_run_dir
     from ludic.distributed import broadcast_object, init_distributed, shutdown_distributed
-    from ludic.training.loggers import MultiLogger, make_logger
-    from ludic.training.lora import LoraSettings, load_policy
 
     rank, world = init_distributed()
-    run_dir = Path(broadcast_object(str(cfg.run_dir or default_run_dir("sft"))))
-    lora = None if cfg.full_finetune else LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_alpha)
-    model, tok = load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    run_dir = Path(broadcast_object(str(cfg.resolve_run_dir("sft"))))
+    model, tok = load_policy_for(cfg)
     if world > 1 and cfg.fsdp:
         from ludic.training.fsdp import shard_model
 
         model = shard_model(model, mixed_precision=cfg.fsdp_mixed_precision if cfg.trainer.master_weights else "none")
-    items = load_sft_items([p.strip() for p in cfg.data.split(",") if p.strip()], tok, cfg.chat_template)
-    steps = math.ceil(cfg.epochs * len(items) / (cfg.batch_size * world))
-    if cfg.max_steps:
-        steps = min(steps, cfg.max_steps)
-    logger: Any = None
-    if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(cfg, run_dir / "config.json")
-        logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=steps)
-        logger = MultiLogger(logger.loggers + [TextLogLogger(cfg.logs_dir or run_dir, "sft")])
+    items = load_sft_items(cfg.data_paths(), tok, cfg.chat_template)
+    steps = cfg.steps_for(len(items), world)
+    logger = open_offline_logger(cfg, run_dir, steps, "sft")
     last = await sft_stage(cfg, model, tok, items, run_dir, logger, steps)
     if logger is not None:
         logger.close()
@@ -109,17 +74,13 @@ async def sft_stage(
                       tokenizer=tok, pad_token_id=tok.pad_token_id)
     if cfg.resume:
         trainer.resume()
-    last: dict[str, Any] = {}
-
     def on_step(step: int, metrics: dict[str, Any]) -> None:
-        nonlocal last
-        last = metrics
         if logger is not None and (step % cfg.log_every == 0 or step == steps):
             logger.log(step, {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "learning_rate": metrics["lr"],
                               "num_tokens": metrics["train_tokens"], "epoch": step * cfg.batch_size * world / len(items),
                               "train_tokens_per_s": metrics["train_tokens_per_s"], "step_s": metrics["step_s"]})
 
-    await trainer.train(steps, on_step)
+    last = await trainer.train(steps, on_step)
     if cfg.final_save:
         from ludic.distributed import is_sharded
         from ludic.training.fsdp import full_state_dict

@@ -23,8 +23,8 @@ from typing import Any, Sequence
 from ludic.config import dump_config
 from ludic.inference.client import ChatClient
 from ludic.inference.models import DEFAULT_MODEL
-from ludic.recipes.common import default_run_dir
-from ludic.recipes.tictactoe_game import (SYSTEM_PROMPT, _starts, answer_parser, env_spec, eval_requests,
+from ludic.recipes.blocks import EvalInferenceBlock, InferenceBlock, ModelBlock, TrainRunBlock
+from ludic.recipes.tictactoe_game import (TicTacToeBlock, _starts, answer_parser, env_spec, eval_requests,
                                           make_protocol_factory, prompting, run_eval, tictactoe_metrics,
                                           tictactoe_outcome)
 from ludic.rollouts.batch import RolloutBatchSource
@@ -33,15 +33,9 @@ from ludic.training.config import TrainerConfig
 from ludic.types import Rollout, RolloutRequest
 
 @dataclass
-class TrainTicTacToeConfig:
+class TrainTicTacToeConfig(ModelBlock, TicTacToeBlock, InferenceBlock, TrainRunBlock):
     """Train a model to play tic-tac-toe with GRPO + LoRA."""
 
-    model: str = DEFAULT_MODEL
-    """Base model: hub id, local folder, or the packaged default."""
-    adapter: str | None = None
-    """Start from this LoRA adapter folder (e.g. an SFT cold start)."""
-    ctx: str = "full"
-    """Context strategy: full (FullDialog) or truncated (TruncatedThinkingContext)."""
     algorithm: str = "grpo"
     """grpo, dr_grpo, dapo, gspo, cispo, rloo, reinforce, reinforce_baseline."""
     group_size: int = 8
@@ -65,20 +59,8 @@ class TrainTicTacToeConfig:
     """Frozen snapshots the league keeps (the oldest is dropped); stored in <run_dir>/league."""
     league_every: int = 10
     """Snapshot the policy into the league every N optimizer steps (step 0, the starting policy, included)."""
-    epsilon: float = 0.3
-    """Random-move probability of the mixed opponent."""
     agent_starts_as: str = "mixed"
     """x, o, or mixed (50/50 per episode) against a bot --opponent (an --opponent-pool alternates by group)."""
-    compact: bool = False
-    """Compact board rendering (about a third fewer prompt tokens)."""
-    show_opponent_move: bool = True
-    """Start observations with the opponent's last move."""
-    system_prompt: str = SYSTEM_PROMPT
-    """The system turn (the recipe trains with the short "Tic-tac-toe.")."""
-    answer: str = "think"
-    """Answer format the parser demands: think or kind (<think>...</think><move>B2</move>) or move (<move>B2</move>)."""
-    show_moves: bool = True
-    """List the free cells in each observation."""
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=5e-5, max_grad_norm=0.5, checkpoint_every=10))
     """Optimisation (--lr, --max-grad-norm, --ppo-epochs, ...: see TrainerConfig)."""
     merge_turns: bool = True
@@ -95,25 +77,10 @@ class TrainTicTacToeConfig:
     token_mask, sequence_truncate or sequence_mask ("": none; see LossConfig.behavior_is)."""
     behavior_is_cap: float = 2.0
     """Truncation cap (or top of the kept band) of the importance weight."""
-    dtype: str = "auto"
     eval_every: int = 0
     """Evaluate every N steps (0: only at the end if eval_episodes > 0)."""
     eval_episodes: int = 0
     eval_temperature: float = 0.0
-    final_save: bool = True
-    """Save a checkpoint at the end of training (in addition to periodic saves)."""
-    resume: bool = True
-    """Continue from the latest checkpoint in run_dir if there is one."""
-    run_dir: str | None = None
-    """Run directory (default: runs/tictactoe-<algorithm>-<time>)."""
-    logger: str = "rich"
-    """rich, wandb, tensorboard, none; combine with commas (rich,wandb)."""
-    inference: str = "transformers"
-    """transformers (in-process, shares weights) or vllm."""
-    host: str = "127.0.0.1"
-    port: int = 0
-    """vLLM server port (0: start a server for this run)."""
-    seed: int = 0
     pipeline: int = 0
     """Pipeline RL: this many actor processes roll out and push to Redis while this process
     learns (0: synchronous). ``ludic actor`` / ``ludic learner`` run the parts on other hosts."""
@@ -149,7 +116,7 @@ async def _train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
         raise ValueError(
             f"rollouts_per_update ({cfg.rollouts_per_update}) must be divisible by group_size ({cfg.group_size})"
         )
-    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(f"tictactoe-{cfg.algorithm}")
+    run_dir = cfg.resolve_run_dir(f"tictactoe-{cfg.algorithm}")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
     model, tok = load_train_policy(cfg)
@@ -176,12 +143,13 @@ async def _train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
 def load_train_policy(cfg: TrainTicTacToeConfig) -> tuple[Any, Any]:
     """(model, tokenizer) to train: ``cfg.model`` (+ ``--adapter`` merged) under a fresh LoRA, or
     the whole model with ``--full-finetune``."""
-    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.recipes.blocks import load_policy_for
+    from ludic.training.lora import LoraSettings
 
     lora = None if cfg.full_finetune else LoraSettings(
         rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult, dropout=cfg.lora_dropout
     )
-    return load_policy(cfg.model, lora=lora, adapter=cfg.adapter, dtype=cfg.dtype, seed=cfg.seed)
+    return load_policy_for(cfg, lora=lora)
 
 
 def trainer_config(cfg: TrainTicTacToeConfig) -> Any:
@@ -250,11 +218,7 @@ async def grpo_stage(
                                                cfg.max_completion_tokens, **prompting(cfg))},
         concurrency=cfg.concurrency,
     )
-    last: dict[str, Any] = {}
-
     async def on_step(step: int, metrics: dict[str, Any]) -> None:
-        nonlocal last
-        last = dict(metrics)
         if league is not None:
             league.maybe_snapshot(model, step)
         if cfg.eval_every and cfg.eval_episodes and step % cfg.eval_every == 0 and step < cfg.train_steps:
@@ -263,7 +227,7 @@ async def grpo_stage(
                                                           show_moves=cfg.show_moves))
             logger.log(step, {f"eval/{k}": v for k, v in ev.items()})
 
-    await trainer.train(cfg.train_steps, on_step)
+    last = dict(await trainer.train(cfg.train_steps, on_step))
     if cfg.final_save:
         trainer.save()
     if cfg.eval_episodes:
@@ -279,27 +243,12 @@ async def grpo_stage(
 
 
 @dataclass
-class EvalTicTacToeConfig:
+class EvalTicTacToeConfig(ModelBlock, TicTacToeBlock, EvalInferenceBlock):
     """Evaluate a model (or LoRA adapter) at tic-tac-toe against a fixed opponent."""
 
     model: str = DEFAULT_MODEL
     """Base model, or the adapter name served by a vLLM server."""
-    adapter: str | None = None
-    """LoRA adapter folder (e.g. runs/.../checkpoints/step_000030/model)."""
     episodes: int = 200
-    ctx: str = "full"
-    opponent: str = "random"
-    """random, minimax or mixed."""
-    epsilon: float = 0.3
-    compact: bool = False
-    """Compact board rendering (use what the model was trained on)."""
-    show_opponent_move: bool = True
-    system_prompt: str = SYSTEM_PROMPT
-    """The system turn (the recipe trains with the short "Tic-tac-toe.")."""
-    answer: str = "think"
-    """Answer format the parser demands: think or kind (<think>...</think><move>B2</move>) or move (<move>B2</move>)."""
-    show_moves: bool = True
-    """List the free cells in each observation."""
     temperature: float | None = None
     """Sampling temperature (default 0.6; --exact needs 0, its default)."""
     max_tokens: int = 48
@@ -312,13 +261,6 @@ class EvalTicTacToeConfig:
     history-dependent ctx the positions met in the games are scored)."""
     out: str = "tictactoe_eval.jsonl"
     """One JSON record per step (with --exact: per distinct decision)."""
-    inference: str = "transformers"
-    """transformers or vllm."""
-    start_server: bool = False
-    """Start a vLLM server for this evaluation (with --inference vllm)."""
-    host: str = "127.0.0.1"
-    port: int = 8000
-    dtype: str = "auto"
     seed: int = 0
 
 

@@ -5,6 +5,7 @@ the position-level RL of the recipe (``recipes.tictactoe_positions``) and the da
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ludic.agents.agent import Agent
@@ -21,6 +22,43 @@ SYSTEM_PROMPT = (
     "Think briefly inside <think>...</think>, then answer with one move such as <move>B2</move>."
 )
 """Short on purpose: every prompt token is paid for at every turn (TICTACTOE_RULES is the long form)."""
+
+
+@dataclass
+class TicTacToeBlock:
+    """Game: the opponent and what the agent sees and must answer (training and evaluation)."""
+
+    ctx: str = "full"
+    """Context strategy: full (FullDialog), last (the latest observation) or truncated
+    (TruncatedThinkingContext: earlier thinking replaced by [TRUNCATED])."""
+    opponent: str = "random"
+    """random, minimax or mixed (epsilon-random minimax)."""
+    epsilon: float = 0.3
+    """Random-move probability of the mixed opponent."""
+    compact: bool = False
+    """Compact board rendering (about a third fewer prompt tokens; evaluate with what the model trained on)."""
+    show_opponent_move: bool = True
+    """Start observations with the opponent's last move."""
+    system_prompt: str = SYSTEM_PROMPT
+    """The system turn (the recipe trains with the short "Tic-tac-toe.")."""
+    answer: str = "think"
+    """Answer format the parser demands: think or kind (<think>...</think><move>B2</move>) or move (<move>B2</move>)."""
+    show_moves: bool = True
+    """List the free cells in each observation."""
+
+
+@dataclass
+class ColdStartBlock:
+    """Cold start: the SFT stage on solver-teacher records (both tic-tac-toe recipes)."""
+
+    sft_epochs: float = 1.0
+    """Passes over the teacher records."""
+    sft_batch_size: int = 16
+    """Teacher records per SFT step."""
+    sft_lr: float = 2e-4
+    """SFT learning rate (cosine decay)."""
+    micro_token_budget: int = 4096
+    """Most padded tokens in one forward/backward (SFT and RL)."""
 
 
 def tictactoe_outcome(r: Rollout) -> str:

@@ -31,7 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ludic.inference.models import DEFAULT_MODEL
+from ludic.recipes.blocks import ModelBlock, RunBlock, load_policy_for
+from ludic.recipes.tictactoe_game import ColdStartBlock
 from ludic.recipes.common import Clock, machine
 
 CALIBRATION_STEPS = 6
@@ -42,11 +43,9 @@ ANSWER_TOKENS = {"cell": 4, "move": 12, "kind": 20, "think": 40}
 
 
 @dataclass
-class RecipeConfig:
+class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     """Cold start + RL recipe for tic-tac-toe on the packaged SmolLM2-135M-Instruct."""
 
-    model: str = DEFAULT_MODEL
-    run_dir: str | None = None
     budget_minutes: float = 27.0
     """Wall-time budget of the whole recipe, evaluations included: SFT and RL steps are set
     from the step times measured in this run (0: use --sft-steps / --rl-rounds as given)."""
@@ -72,8 +71,6 @@ class RecipeConfig:
     """List the free cells in the prompt (costs ~18 tokens per prompt)."""
     sft_steps: int = 0
     """SFT optimizer steps (0: ``sft_epochs``, fitted to the budget)."""
-    sft_batch_size: int = 16
-    sft_lr: float = 2e-4
     sft_frozen_share: float = 0.5
     """Share of the decoder layers, from the bottom, frozen in SFT with the embeddings: no
     backward through them (0.5 of SmolLM2-135M's 30 layers: a step costs about a third less)."""
@@ -87,16 +84,17 @@ class RecipeConfig:
     rl_steps_per_round: int = 4
     """GRPO steps between two exact evaluations (which refresh the failure pool)."""
     positions_per_step: int = 16
+    """Distinct positions (GRPO groups) per RL step, drawn from the failure pool and replayed ones."""
     group_size: int = 8
+    """Sampled answers per position."""
     rl_lr: float = 2e-4
     rl_temperature: float = 1.0
     lora_rank: int = 16
+    """Rank of the RL adapter (alpha = 2 x rank)."""
     lora_layer_share: float = 0.5
     """Share of the decoder layers, from the top, that carry the RL adapter (1: all), for the same reason."""
     eval_base: bool = True
-    micro_token_budget: int = 4096
-    logger: str = "rich"
-    dtype: str = "auto"
+    """Evaluate the base model first (exact, every branch), for the report's first row."""
     fast_path: bool = True
     """Ludic's hand-written CPU fast path (``ludic.fastpath``); --no-fast-path: stock transformers, peft, SDPA."""
     seed: int = 0
@@ -123,7 +121,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
     from ludic.training.loggers import logger_names, make_logger
-    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, freeze_bottom, load_policy
+    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, freeze_bottom
     from ludic.training.trainer import Trainer
 
     if cfg.answer not in ANSWER_TOKENS:
@@ -137,7 +135,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     clock = Clock(cfg.budget_minutes)
     view = View(cfg.system_prompt, compact=cfg.compact, show_moves=cfg.show_moves,
                 max_tokens=ANSWER_TOKENS[cfg.answer], answer=cfg.answer)
-    model, tok = load_policy(cfg.model, dtype=cfg.dtype, seed=cfg.seed)
+    model, tok = load_policy_for(cfg)
     engine = TransformersEngine(model, tok)
     teacher = teacher_positions()
     ev = Evaluator(engine, view, teacher, run_dir)

@@ -29,40 +29,40 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ludic.inference.models import DEFAULT_MODEL
+from ludic.recipes.blocks import ModelBlock, RunBlock, load_policy_for
+from ludic.recipes.tictactoe_game import ColdStartBlock
 
 
 @dataclass
-class SeedRecipeConfig:
+class SeedRecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     """The seed's workflow: teacher cold start, rejection sampling, SFT, GRPO with ctx truncated."""
 
-    model: str = DEFAULT_MODEL
-    run_dir: str | None = None
     ctx: str = "truncated"
+    """Prompt view: truncated (earlier thinking replaced by [TRUNCATED], as in the seed), full or last."""
     teacher_episodes: int = 80
-    sft_epochs: float = 1.0
-    sft_batch_size: int = 16
-    sft_lr: float = 2e-4
+    """Solver-teacher games whose won and drawn turns make the SFT records."""
     rs_episodes: int = 16
     """Rejection-sampling episodes played by the SFT model (wins kept)."""
     rs_sft_steps: int = 4
+    """SFT steps on the kept games beside the teacher records."""
     grpo_steps: int = 3
+    """GRPO + LoRA steps after the two SFT stages."""
     group_size: int = 4
     rollouts_per_update: int = 8
+    """GRPO episodes per step (group_size per group)."""
     grpo_lr: float = 1e-4
     lora_rank: int = 16
+    """Rank of the GRPO adapter (alpha = 2 x rank)."""
     max_completion_tokens: int = 48
+    """Token limit per reply: a templated thought and the move."""
     eval_episodes: int = 20
     """Sampled episodes vs random per evaluation (the exact tree vs random is too large with history)."""
-    micro_token_budget: int = 4096
-    logger: str = "rich"
-    dtype: str = "auto"
-    seed: int = 0
 
     @classmethod
     def from_recipe(cls, cfg: Any) -> "SeedRecipeConfig":
         """The seed workflow with the settings a ``RecipeConfig`` shares with it."""
-        return cls(model=cfg.model, run_dir=cfg.run_dir, ctx=cfg.ctx, logger=cfg.logger, dtype=cfg.dtype,
+        return cls(model=cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device, run_dir=cfg.run_dir,
+                   ctx=cfg.ctx, logger=cfg.logger,
                    seed=cfg.seed, micro_token_budget=cfg.micro_token_budget)
 
 
@@ -83,7 +83,7 @@ async def _seed_recipe(cfg: SeedRecipeConfig) -> dict[str, Any]:
     from ludic.recipes.common import Clock, default_run_dir, machine
     from ludic.training.config import TrainerConfig
     from ludic.training.loggers import logger_names, make_logger
-    from ludic.training.lora import LoraSettings, apply_lora, load_policy
+    from ludic.training.lora import LoraSettings, apply_lora
 
     logger_names(cfg.logger)  # a typo fails now, not after the first stage
     if cfg.ctx not in ("truncated", "full"):
@@ -93,7 +93,7 @@ async def _seed_recipe(cfg: SeedRecipeConfig) -> dict[str, Any]:
     dump_config(cfg, run_dir / "config.json")
     clock = Clock(0)
     results: dict[str, dict[str, Any]] = {}
-    model, tok = load_policy(cfg.model, dtype=cfg.dtype, seed=cfg.seed)
+    model, tok = load_policy_for(cfg)
     engine = TransformersEngine(model, tok)
 
     async def evaluate(stage: str) -> None:

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 @dataclass
 class TrainerConfig:
-    """Optimisation settings: the trainer section every training recipe embeds (``trainer:
-    TrainerConfig``), so each recipe takes the same flags (``--lr``, ``--max-grad-norm``, ...)."""
+    """Trainer: how each step optimises (learning rate, clipping, micro-batches, checkpoints, stops).
+
+    The section every training recipe embeds (``trainer: TrainerConfig``), so each recipe takes the
+    same flags (``--lr``, ``--max-grad-norm``, ...) and hands the whole section to the ``Trainer``."""
 
     lr: float = 1e-5
     """AdamW learning rate (peak, after warmup)."""

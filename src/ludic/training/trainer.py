@@ -552,12 +552,14 @@ class Trainer:
     # -- loop, checkpoints --------------------------------------------------------
     async def train(
         self, num_steps: int, on_step: Callable[[int, dict[str, Any]], Awaitable[None] | None] | None = None
-    ) -> None:
-        """Run until ``self.step == num_steps`` (resumed runs continue from their step). With an
-        evaluator: evaluate every ``eval_every`` steps and at the last, and with ``keep_best`` end on
-        the best evaluated weights (``self.best``)."""
+    ) -> dict[str, Any]:
+        """Run until ``self.step == num_steps`` (resumed runs continue from their step) and return the last
+        step's metrics ({} when no step was left to run). ``on_step(step, metrics)`` runs after each step.
+        With an evaluator: evaluate every ``eval_every`` steps and at the last, and with ``keep_best`` end
+        on the best evaluated weights (``self.best``)."""
         if self.keep_best and self.evaluator is None:
             raise ValueError(f"keep_best={self.keep_best!r} needs an evaluator (Trainer(evaluator=...))")
+        metrics: dict[str, Any] = {}
         while self.step < num_steps:
             metrics = await self.train_step()
             every = self.eval_every
@@ -569,6 +571,7 @@ class Trainer:
                     await res  # type: ignore[misc]
         if self.keep_best and self._best_state is not None and self.best.get("step") != self.step:
             self._restore_best()
+        return metrics
 
     async def evaluate(self) -> dict[str, Any]:
         """Run the evaluator now; log ``eval/<metric>`` at the current step and track the best."""

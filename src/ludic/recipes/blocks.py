@@ -1,0 +1,196 @@
+"""The shared blocks of the command configs: each group of flags is written once, here.
+
+A command's config is a dataclass that inherits the blocks it uses and adds only its own fields::
+
+    @dataclass
+    class TrainEnvConfig(ModelBlock, LoraBlock, GRPOBlock, RunBlock):
+        env: EnvConfig = ...          # a section: a block passed around whole
+        trainer: TrainerConfig = ...  # the trainer section (``ludic.training.config``)
+        eval_episodes: int = 64       # this command's own fields
+
+A block's fields are the command's own attributes (``cfg.model``, ``cfg.lora_rank``), so the flags are
+the same as they have always been (``--model``, ``--lora-rank``), and ``ludic.config`` prints each
+block as one group in ``--help``. A command that wants another default (SFT trains all weights) redeclares
+that one field with the new default; everything else comes from the block. A *section* (a field whose
+type is a dataclass, like ``trainer``) is for settings handed to one component whole (the ``Trainer``
+takes a ``TrainerConfig``).
+
+The blocks, in the order a run uses them:
+
+- ``ModelBlock``: which policy to load (``--model``, ``--adapter``, ``--dtype``, ``--device``);
+- ``LoraBlock``: what to train (``--lora-rank``, ``--lora-alpha``, ``--full-finetune``);
+- ``GRPOBlock``: how a step samples (``--group-size``, ``--prompts-per-step``, ``--temperature``, the
+  algorithm and its KL, the number of steps);
+- ``TrainerConfig`` (a section): how a step optimises (``--lr``, ``--max-grad-norm``, ...);
+- ``RunBlock``: where the run lives and what it logs (``--run-dir``, ``--logger``, ``--seed``), and
+  ``TrainRunBlock`` adds its checkpoints (``--resume``, ``--final-save``);
+- ``InferenceBlock`` / ``EvalInferenceBlock``: which engine samples (in process, or a vLLM server);
+- ``OfflineBlock``: SFT and DPO on a dataset (``--data``, ``--epochs``, ``--batch-size``, ...).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ludic.inference.models import DEFAULT_MODEL
+
+
+@dataclass
+class ModelBlock:
+    """Model: the policy to load."""
+
+    model: str = DEFAULT_MODEL
+    """Base model: hub id, local folder, or the packaged default (SmolLM2-135M-Instruct)."""
+    adapter: str | None = None
+    """Start from this LoRA adapter folder (e.g. runs/.../checkpoints/step_000030/model)."""
+    dtype: str = "auto"
+    """auto (bf16 where the CPU or GPU computes it natively, else fp32) | bfloat16 | float16 | float32."""
+    device: str = "auto"
+    """cpu, cuda, cuda:N; auto: the GPU when PyTorch sees one (``$LUDIC_DEVICE`` overrides)."""
+
+
+@dataclass
+class LoraBlock:
+    """LoRA: which weights train."""
+
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    full_finetune: bool = False
+    """Train all weights (else a LoRA adapter with lora_rank / lora_alpha)."""
+
+    def lora_settings(self) -> Any:
+        """The ``LoraSettings`` these flags ask for; None for full fine-tuning."""
+        from ludic.training.lora import LoraSettings
+
+        return None if self.full_finetune else LoraSettings(rank=self.lora_rank, alpha=self.lora_alpha)
+
+
+@dataclass
+class GRPOBlock:
+    """Sampling: what one RL step collects (GRPO groups) and with which algorithm."""
+
+    group_size: int = 8
+    """Samples per prompt (a GRPO group: same prompt or env seed, different sampling seeds)."""
+    prompts_per_step: int = 4
+    """Prompts (or env seeds) per step, each sampled group_size times."""
+    train_steps: int = 30
+    """Optimizer steps."""
+    temperature: float = 1.0
+    """Sampling temperature of the training rollouts."""
+    algorithm: str = "grpo"
+    """grpo, dr_grpo, dapo, gspo, cispo, rloo, reinforce, reinforce_baseline."""
+    kl_coef: float = 0.0
+    """KL penalty to the starting policy (the adapter switched off; a frozen copy for full fine-tuning)."""
+
+
+@dataclass
+class RunBlock:
+    """Run: where it is written, what it logs, how it resumes."""
+
+    run_dir: str | None = None
+    """Run directory (default: runs/<command>-<time>)."""
+    logger: str = "rich"
+    """rich, print, wandb, tensorboard, none; combine with commas (rich,wandb)."""
+    seed: int = 0
+    """Seeds the LoRA initialisation, the sampling and the order of the data."""
+
+    def resolve_run_dir(self, prefix: str) -> Path:
+        """``run_dir``, or a new ``runs/<prefix>-<time>``."""
+        from ludic.recipes.common import default_run_dir
+
+        return Path(self.run_dir) if self.run_dir else default_run_dir(prefix)
+
+
+@dataclass
+class TrainRunBlock(RunBlock):
+    """A training run's checkpoints (listed with ``RunBlock`` in ``--help``)."""
+
+    resume: bool = True
+    """Continue from the latest checkpoint in run_dir if there is one."""
+    final_save: bool = True
+    """Save a checkpoint at the end of training (in addition to periodic saves)."""
+
+
+@dataclass
+class InferenceBlock:
+    """Inference: which engine samples the training rollouts."""
+
+    inference: str = "transformers"
+    """transformers (in process, sharing the trainer's model) | vllm (a server started for the run, or the
+    one at --port)."""
+    host: str = "127.0.0.1"
+    port: int = 0
+    """With --inference vllm: a running Ludic vLLM server on this port (0: start one for the run)."""
+
+
+@dataclass
+class EvalInferenceBlock:
+    """Inference: which engine answers (a local model, or a vLLM server)."""
+
+    inference: str = "transformers"
+    """transformers (in process) | vllm (the Ludic vLLM server at --host/--port)."""
+    start_server: bool = False
+    """With --inference vllm: start a server for this command (else use the one at --host/--port)."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+
+@dataclass
+class OfflineBlock:
+    """Dataset: SFT and DPO passes over JSONL records."""
+
+    data: str = ""
+    """One or more JSONL files, comma-separated."""
+    epochs: float = 1.0
+    batch_size: int = 4
+    """Examples per optimizer step per rank (effective batch = batch_size x world size)."""
+    chat_template: bool = True
+    """Apply the chat template to string prompts (messages records always use it)."""
+    max_steps: int = 0
+    """Stop after this many steps (0: epochs decide)."""
+    logs_dir: str | None = None
+    """Also write the seed's text log (<command>_training_logs_<time>.txt) here (default: the run dir)."""
+    log_every: int = 1
+    """Log every N optimizer steps (the last step always)."""
+
+    def data_paths(self) -> list[str]:
+        return [p.strip() for p in self.data.split(",") if p.strip()]
+
+    def steps_for(self, examples: int, world: int = 1) -> int:
+        """Optimizer steps: ``epochs`` passes over ``examples`` at ``batch_size`` per rank, at most ``max_steps``."""
+        steps = math.ceil(self.epochs * examples / (self.batch_size * world))
+        return min(steps, self.max_steps) if self.max_steps else steps
+
+
+def open_offline_logger(cfg: Any, run_dir: Path, steps: int, kind: str) -> Any:
+    """Rank 0 of an SFT or DPO run: the run directory with its config.json, the ``--logger`` sinks and the
+    seed's text log (``<kind>_training_logs_<time>.txt`` in ``--logs-dir``); None on the other ranks."""
+    from dataclasses import asdict
+
+    from ludic.config import dump_config
+    from ludic.data.text_logs import TextLogLogger
+    from ludic.distributed import is_rank0
+    from ludic.training.loggers import MultiLogger, make_logger
+
+    if not is_rank0():
+        return None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dump_config(cfg, run_dir / "config.json")
+    logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=steps)
+    return MultiLogger(logger.loggers + [TextLogLogger(cfg.logs_dir or run_dir, kind)])
+
+
+def load_policy_for(cfg: ModelBlock, **kwargs: Any) -> tuple[Any, Any]:
+    """``load_policy`` with a config's model, adapter, dtype, device and seed, and its LoRA settings when
+    the config has a ``LoraBlock``; ``kwargs`` override any of them."""
+    from ludic.training.lora import load_policy
+
+    args: dict[str, Any] = dict(model=cfg.model, adapter=cfg.adapter, dtype=cfg.dtype, device=cfg.device,
+                                seed=getattr(cfg, "seed", 0))
+    if isinstance(cfg, LoraBlock):
+        args["lora"] = cfg.lora_settings()
+    args.update(kwargs)
+    return load_policy(args.pop("model"), **args)
