@@ -13,6 +13,8 @@
     ludic train tictactoe --overlap     the same in one process: an actor thread, max_lag 1
     ludic actor tictactoe [flags]     pipeline actor: roll out, push to Redis, follow the weights
     ludic learner tictactoe [flags]   pipeline learner: train on Redis batches, checkpoint, announce
+    ludic actor env --env SPEC        the same two parts on any env (train env's flags, plus --redis-url)
+    ludic learner env --env SPEC
     ludic eval tictactoe [flags]      win / draw / loss / illegal / parse-error rates (--exact: enumerated)
     ludic datagen tictactoe [flags]   SFT data: rejection sampling or the solver teacher
     ludic datagen thinktactoe [flags] ThinkTacToe-format SFT / DPO / GRPO / minimax datasets
@@ -59,6 +61,19 @@ def _learner_tictactoe(argv: list[str]) -> None:
     from ludic.recipes.tictactoe_pipeline import run_learner
 
     out = run_learner(parse_config(TrainTicTacToeConfig, argv, prog="ludic learner tictactoe"))
+    print(json.dumps({k: v for k, v in out.items() if isinstance(v, (int, float, dict))}, indent=2))
+
+
+def _actor_env(argv: list[str]) -> None:
+    from ludic.recipes.env_pipeline import EnvPipelineConfig, run_actor
+
+    run_actor(parse_config(EnvPipelineConfig, argv, prog="ludic actor env"))
+
+
+def _learner_env(argv: list[str]) -> None:
+    from ludic.recipes.env_pipeline import EnvPipelineConfig, run_learner
+
+    out = run_learner(parse_config(EnvPipelineConfig, argv, prog="ludic learner env"))
     print(json.dumps({k: v for k, v in out.items() if isinstance(v, (int, float, dict))}, indent=2))
 
 
@@ -222,6 +237,8 @@ COMMANDS: dict[tuple[str, ...], Callable[[list[str]], None]] = {
     ("eval", "qa"): _eval_qa,
     ("actor", "tictactoe"): _actor_tictactoe,
     ("learner", "tictactoe"): _learner_tictactoe,
+    ("actor", "env"): _actor_env,
+    ("learner", "env"): _learner_env,
     ("eval", "tictactoe"): _eval_tictactoe,
     ("datagen", "tictactoe"): _datagen_tictactoe,
     ("datagen", "thinktactoe"): _datagen_thinktactoe,

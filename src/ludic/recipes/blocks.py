@@ -25,6 +25,7 @@ The blocks, in the order a run uses them:
 - ``RunBlock``: where the run lives and what it logs (``--run-dir``, ``--logger``, ``--seed``), and
   ``TrainRunBlock`` adds its checkpoints (``--resume``, ``--final-save``);
 - ``InferenceBlock`` / ``EvalInferenceBlock``: which engine samples (in process, or a vLLM server);
+- ``PipelineBlock``: the Redis pipeline's actors and learner (``--redis-url``, ``--stream-prefix``, ...);
 - ``OfflineBlock``: SFT and DPO on a dataset (``--data``, ``--epochs``, ``--batch-size``, ...).
 """
 
@@ -136,6 +137,25 @@ class EvalInferenceBlock:
     """With --inference vllm: start a server for this command (else use the one at --host/--port)."""
     host: str = "127.0.0.1"
     port: int = 8000
+
+
+@dataclass
+class PipelineBlock:
+    """Pipeline: actors and a learner that share a run through Redis (``ludic actor`` / ``ludic learner``)."""
+
+    redis_url: str = ""
+    """The pipeline's Redis, e.g. redis://10.0.0.1:6379/0 (train tictactoe --pipeline/--overlap: empty starts a
+    redis-server in <run_dir>/redis)."""
+    stream_prefix: str = "ludic"
+    """Namespaces the run's Redis keys: the actors and the learner of one run use the same one."""
+    max_unread: int = 64
+    """Actors wait while this many items wait for the learner (backpressure; streams are never trimmed)."""
+    actor_id: str = ""
+    """ludic actor: this actor's name in item meta and logs (default: actor-<pid>)."""
+    actor_batches: int = 0
+    """ludic actor: batches to push before exiting (0: until stopped)."""
+    batch_timeout_s: float = 0.0
+    """ludic learner: fail when a batch is not complete after this long (0: wait for actors forever)."""
 
 
 @dataclass

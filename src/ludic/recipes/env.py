@@ -400,8 +400,6 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     from ludic.inference.client import SamplingParams
     from ludic.inference.publish import InProcessPublisher
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.rollouts.batch import RolloutBatchSource
-    from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
     from ludic.training.algorithms import algorithm_for
     from ludic.training.loggers import logger_names, make_logger
     from ludic.training.trainer import Trainer, frozen_copy
@@ -436,21 +434,14 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
             print(format_summary(f"[env] {stage}", m), flush=True)
         return m
 
-    requests_fn = TrainingSeeds(cfg, n_seats=len(env.agent_ids), multi=multi)
-
     algo = algorithm_for(cfg)
-    source = RolloutBatchSource(
-        RolloutEngine(train_protos, concurrency=64, jsonl_path=run_dir / "rollouts.jsonl"), requests_fn,
-        algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed), sample_filter=algo.sample_filter,
-        metrics_fn=env_metrics)
+    source = rollout_source(cfg, env, train_protos, run_dir, algo)
     logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
     keep = "success_rate" if cfg.keep_best else ""
     if keep and not (held_out and cfg.eval_every):
         raise ValueError("--keep-best needs --eval-every N and --eval-episodes > 0")
     trainer = Trainer(
-        model, algo, source,
-        replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
-                norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.env.max_completion_tokens),
+        model, algo, source, trainer_config(cfg),
         publisher=InProcessPublisher(engine), logger=logger, checkpoint_dir=run_dir / "checkpoints", tokenizer=tok,
         evaluator=(lambda: evaluate()) if held_out and cfg.eval_every else None, eval_every=cfg.eval_every,
         keep_best=keep)
@@ -493,6 +484,25 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     finally:
         logger.close()  # writes report.html, with summary.json
     return TrainResult(model, tok, run_dir, results)
+
+
+def rollout_source(cfg: TrainEnvConfig, env: Any, protos: dict[str, Any], run_dir: Path, algo: Any) -> Any:
+    """The training rollouts of ``ludic train env`` (and of its pipeline actors): GRPO groups of
+    ``group_size`` episodes on ``prompts_per_step`` training seeds a step, played through ``protos``."""
+    from ludic.rollouts.batch import RolloutBatchSource
+    from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
+
+    requests_fn = TrainingSeeds(cfg, n_seats=len(env.agent_ids), multi=len(env.agent_ids) > 1)
+    return RolloutBatchSource(
+        RolloutEngine(protos, concurrency=64, jsonl_path=run_dir / "rollouts.jsonl"), requests_fn,
+        algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed), sample_filter=algo.sample_filter,
+        metrics_fn=env_metrics)
+
+
+def trainer_config(cfg: TrainEnvConfig) -> Any:
+    """The step's TrainerConfig: the schedule's length and the Dr.GRPO normaliser filled in from the run."""
+    return replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
+                   norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.env.max_completion_tokens)
 
 
 @contextlib.contextmanager

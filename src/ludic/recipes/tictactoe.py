@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from ludic.config import dump_config
 from ludic.inference.client import ChatClient
 from ludic.inference.models import DEFAULT_MODEL
-from ludic.recipes.blocks import EvalInferenceBlock, InferenceBlock, ModelBlock, TrainRunBlock
+from ludic.recipes.blocks import EvalInferenceBlock, InferenceBlock, ModelBlock, PipelineBlock, TrainRunBlock
 from ludic.recipes.tictactoe_game import (TicTacToeBlock, _starts, answer_parser, env_spec, eval_requests,
                                           make_protocol_factory, prompting, run_eval, tictactoe_metrics,
                                           tictactoe_outcome)
@@ -33,7 +33,7 @@ from ludic.training.config import TrainerConfig
 from ludic.types import Rollout, RolloutRequest
 
 @dataclass
-class TrainTicTacToeConfig(ModelBlock, TicTacToeBlock, InferenceBlock, TrainRunBlock):
+class TrainTicTacToeConfig(ModelBlock, TicTacToeBlock, InferenceBlock, PipelineBlock, TrainRunBlock):
     """Train a model to play tic-tac-toe with GRPO + LoRA."""
 
     algorithm: str = "grpo"
@@ -88,18 +88,7 @@ class TrainTicTacToeConfig(ModelBlock, TicTacToeBlock, InferenceBlock, TrainRunB
     """One process, one-step off-policy: an actor thread with its own copy of the model samples
     batch k+1 while this thread trains on batch k (the pipeline with --max-lag 1 unless given, one
     batch ahead at most; a local redis-server carries samples and weights unless --redis-url)."""
-    redis_url: str = ""
-    """The pipeline's Redis (empty with --pipeline or --overlap: start a redis-server in <run_dir>/redis)."""
     stream_prefix: str = "ludic-tictactoe"
-    """Namespaces the run's Redis keys."""
-    max_unread: int = 64
-    """Actors wait while this many items wait for the learner (backpressure; streams are never trimmed)."""
-    actor_id: str = ""
-    """ludic actor: this actor's name in item meta and logs (default: actor-<pid>)."""
-    actor_batches: int = 0
-    """ludic actor: batches to push before exiting (0: until stopped)."""
-    batch_timeout_s: float = 0.0
-    """ludic learner: fail when a batch is not complete after this long (0: wait for actors forever)."""
 
 
 def train(cfg: TrainTicTacToeConfig) -> dict[str, Any]:

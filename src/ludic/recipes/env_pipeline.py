@@ -1,0 +1,67 @@
+"""Pipeline RL on any environment: ``ludic actor env`` and ``ludic learner env`` take the same environment
+spec and GRPO flags as ``ludic train env``, plus the pipeline's (``--redis-url``, ``--stream-prefix``, ...).
+
+    redis-server --port 6379 &
+    ludic learner env --env reasoning_gym:chain_sum --redis-url redis://127.0.0.1:6379/0 --run-dir runs/l
+    ludic actor env   --env reasoning_gym:chain_sum --redis-url redis://127.0.0.1:6379/0 --run-dir runs/a1 --seed 1
+    ludic actor env   --env reasoning_gym:chain_sum --redis-url redis://127.0.0.1:6379/0 --run-dir runs/a2 --seed 2
+
+Each actor samples in process and loads each new policy version the learner announces; give each actor
+its own ``--seed`` so that they draw different training seeds of the env. The learner trains
+``prompts_per_step x group_size`` episodes a step, checkpoints, resumes, and is the only process that
+writes weights. Held-out evaluation and the format cold start belong to ``ludic train env``: run it with
+``--train-steps 0`` (or a short ``--format-demos`` run) and pass its adapter to the pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ludic.errors import UsageError
+from ludic.recipes import pipeline
+from ludic.recipes.blocks import PipelineBlock, load_policy_for
+from ludic.recipes.env import TrainEnvConfig, probe_env, protocols, rollout_source, trainer_config
+
+
+@dataclass
+class EnvPipelineConfig(TrainEnvConfig, PipelineBlock):
+    """An actor or the learner of pipeline RL on any environment (``ludic train env``'s flags, and Redis)."""
+
+
+def _source(cfg: EnvPipelineConfig, engine: Any, model: Any, tok: Any, run_dir: Path) -> Any:
+    from ludic.inference.client import SamplingParams
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.training.algorithms import algorithm_for
+    from ludic.training.trainer import frozen_copy
+
+    env = probe_env(cfg.env)
+    multi = len(env.agent_ids) > 1
+    if multi and cfg.env.opponent not in ("self", "frozen"):
+        raise UsageError(f"--opponent must be self or frozen, got {cfg.env.opponent!r}")
+    frozen = TransformersEngine(frozen_copy(model), tok) if multi else None
+    sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.env.max_completion_tokens)
+    greedy = SamplingParams(temperature=0.0, max_tokens=cfg.env.max_completion_tokens)
+    return rollout_source(cfg, env, protocols(engine, cfg.env, env, sampling, frozen, greedy), run_dir,
+                          algorithm_for(cfg))
+
+
+def _load(cfg: EnvPipelineConfig) -> tuple[Any, Any]:
+    if cfg.format_demos:
+        raise UsageError("--format-demos runs in `ludic train env` only: run it there (e.g. with --train-steps 0), "
+                         "then give its final adapter to the pipeline with --adapter")
+    return load_policy_for(cfg)
+
+
+ENV = pipeline.PipelineParts(name="env", load=_load, source=_source, trainer_config=trainer_config,
+                             episodes_per_step=lambda cfg: cfg.prompts_per_step * cfg.group_size)
+"""Any environment's part in the generic pipeline commands (``ludic.recipes.pipeline``)."""
+
+
+def run_actor(cfg: EnvPipelineConfig) -> int:
+    return pipeline.run_actor(cfg, ENV)
+
+
+def run_learner(cfg: EnvPipelineConfig) -> dict[str, Any]:
+    return pipeline.run_learner(cfg, ENV)

@@ -1,0 +1,59 @@
+"""``ludic actor env`` / ``ludic learner env``: the generic pipeline commands take the same environment spec
+as ``ludic train env``; a real redis-server carries the samples and the weights between two processes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ludic.config import parse_config
+
+
+def _cmd(role, tiny_model_dir, url, run_dir, *extra):
+    return [sys.executable, "-m", "ludic", role, "env", "--env", "tictactoe", "--env-kwargs", '{"opponent": "random"}',
+            "--model", str(tiny_model_dir), "--redis-url", url, "--stream-prefix", "envp", "--run-dir", str(run_dir),
+            "--group-size", "2", "--prompts-per-step", "2", "--max-completion-tokens", "8", "--max-turns", "3",
+            "--max-no-signal-steps", "0", "--logger", "none", "--dtype", "float32", *extra]
+
+
+@pytest.mark.slow
+def test_actor_and_learner_env_train_on_any_env_through_redis(redis_server, tiny_model_dir, tmp_path):
+    learner_dir, actor_dir = tmp_path / "learner", tmp_path / "actor"
+    learner = subprocess.Popen(_cmd("learner", tiny_model_dir, redis_server.url, learner_dir, "--train-steps", "2",
+                                    "--checkpoint-every", "1", "--batch-timeout-s", "600"),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    actor = subprocess.Popen(_cmd("actor", tiny_model_dir, redis_server.url, actor_dir, "--actor-id", "a1",
+                                  "--seed", "1"),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = learner.communicate(timeout=900)
+    finally:
+        actor.kill()
+    actor_out = actor.communicate()[0]
+    assert learner.returncode == 0, out[-3000:] + "\n--- actor ---\n" + actor_out[-3000:]
+    result = json.loads(out[out.index("{"):])
+    assert result["step"] == 2 and result["totals"]["trained"] > 0, result
+    assert (learner_dir / "checkpoints" / "step_000002").is_dir()
+    assert json.loads((learner_dir / "config.json").read_text())["env"]["env"] == "tictactoe"
+    pushed = [json.loads(x) for x in (actor_dir / "actor-a1.jsonl").read_text().splitlines() if x.strip()]
+    assert pushed and max(max(p["versions"]) for p in pushed) >= 1  # the actor followed the learner's weights
+
+
+def test_env_pipeline_flags_are_train_envs_plus_the_pipelines():
+    from ludic.recipes.env import TrainEnvConfig
+    from ludic.recipes.env_pipeline import EnvPipelineConfig
+
+    cfg = parse_config(EnvPipelineConfig, ["--env", "reasoning_gym:gcd", "--redis-url", "redis://h:1/0",
+                                           "--group-size", "4", "--actor-batches", "3"])
+    assert (cfg.env.env, cfg.redis_url, cfg.group_size, cfg.actor_batches) == ("reasoning_gym:gcd", "redis://h:1/0",
+                                                                              4, 3)
+    assert isinstance(cfg, TrainEnvConfig)
+
+
+def test_the_pipeline_refuses_the_format_cold_start_with_the_way_to_run_it(tiny_model_dir):
+    from ludic.errors import UsageError
+    from ludic.recipes.env_pipeline import ENV, EnvPipelineConfig
+
+    with pytest.raises(UsageError, match="ludic train env"):
+        ENV.load(EnvPipelineConfig(model=str(tiny_model_dir), format_demos="demos.txt"))
