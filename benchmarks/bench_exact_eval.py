@@ -34,10 +34,10 @@ def cpu_flags() -> str:
 async def run(args: argparse.Namespace) -> None:
     import torch
 
-    from ludic.eval.tictactoe_exact import exact_eval
+    from ludic.tictactoe.exact import exact_eval
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.recipes.tictactoe_game import SYSTEM_PROMPT, eval_requests, make_protocol_factory, run_eval
-    from ludic.recipes.tictactoe import outcome_intervals
+    from ludic.tictactoe.prompts import SYSTEM_PROMPT, eval_requests, make_protocol_factory, run_eval
+    from ludic.tictactoe.train import outcome_intervals
     from ludic.rollouts.engine import RolloutEngine
     from ludic.training.lora import load_policy
 

@@ -115,8 +115,8 @@ def reward_text(text: str) -> float:
 
 
 def prompts(n: int) -> list[list[dict]]:
-    from ludic.envs.tictactoe import TicTacToeEnv
-    from ludic.recipes.tictactoe_game import SYSTEM_PROMPT
+    from ludic.tictactoe.env import TicTacToeEnv
+    from ludic.tictactoe.prompts import SYSTEM_PROMPT
 
     out = []
     for i in range(n):
@@ -226,7 +226,7 @@ def bench_ludic(model_dir: str, steps: int, dtype: str, *, prompts_per_step: int
     from ludic.inference.publish import InProcessPublisher
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.interaction import SingleAgentProtocol
-    from ludic.recipes.tictactoe_game import SYSTEM_PROMPT
+    from ludic.tictactoe.prompts import SYSTEM_PROMPT
     from ludic.rollouts.batch import RolloutBatchSource
     from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
     from ludic.training.algorithms import make_algorithm

@@ -44,7 +44,7 @@ class TeacherClient:
         return self._tok
 
     async def complete(self, request):
-        from ludic.data.synth import teacher_reply
+        from ludic.tictactoe.synth import teacher_reply
         from ludic.inference.client import ChatResponse
         from ludic.tokenization import render_ids
         from ludic.types import TokenTrace
@@ -58,10 +58,10 @@ class TeacherClient:
 async def teacher_rollouts(tok, n: int = 16, group: int = 4):
     from ludic.agents.agent import Agent
     from ludic.context import FullDialog
-    from ludic.envs.tictactoe import TicTacToeEnv
+    from ludic.tictactoe.env import TicTacToeEnv
     from ludic.interaction import SingleAgentProtocol
     from ludic.parsers import think_move_parser
-    from ludic.recipes.tictactoe_game import SYSTEM_PROMPT
+    from ludic.tictactoe.prompts import SYSTEM_PROMPT
 
     async def one(i: int):
         env = TicTacToeEnv(opponent="mixed", epsilon=0.5, agent_starts=i % 2 == 0)

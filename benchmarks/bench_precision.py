@@ -33,10 +33,10 @@ PRECISIONS = {"mixed": ("bfloat16", True), "float32": ("float32", True), "pure":
 async def run_one(precision: str, steps: int, points: int, seed: int) -> dict[str, Any]:
     """One SFT run of the recipe's stage in ``precision``: its curve (step, train seconds, rates)."""
     from ludic.data.offline import OfflineBatchSource, sft_item
-    from ludic.data.synth import teacher_position_records, teacher_positions
+    from ludic.tictactoe.synth import teacher_position_records, teacher_positions
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.recipes.tictactoe_positions import View, score_positions
-    from ludic.recipes.tictactoe_recipe import ANSWER_TOKENS, RecipeConfig
+    from ludic.tictactoe.position_rl import View, score_positions
+    from ludic.tictactoe.recipe import ANSWER_TOKENS, RecipeConfig
     from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
     from ludic.training.lora import decoder_layers, freeze_bottom, load_policy

@@ -102,7 +102,7 @@ def param_counts(model: Any) -> dict[str, int]:
 def make_items(tok: Any, n_items: int = 16, prompt_len: int = 120, completion_len: int = 32) -> list[Any]:
     """``n_items`` SFT items sharing one ``prompt_len``-token chat prompt, each with its own
     ``completion_len`` completion tokens (distinct texts cut to length)."""
-    from ludic.recipes.tictactoe_game import SYSTEM_PROMPT
+    from ludic.tictactoe.prompts import SYSTEM_PROMPT
     from ludic.tokenization import encode, render_ids
     from ludic.types import SAWItem
 

@@ -13,12 +13,12 @@ import asyncio
 from ludic.agents.agent import Agent
 from ludic.context import FullDialog
 from ludic.data.jsonl import write_jsonl
-from ludic.data.synth import filter_rollouts, rollouts_to_records
+from ludic.tictactoe.synth import filter_rollouts, rollouts_to_records
 from ludic.inference.client import SamplingParams
 from ludic.inference.transformers_engine import TransformersEngine
 from ludic.interaction import SingleAgentProtocol
 from ludic.parsers import think_move_parser
-from ludic.recipes.tictactoe_game import SYSTEM_PROMPT
+from ludic.tictactoe.prompts import SYSTEM_PROMPT
 from ludic.rollouts.engine import RolloutEngine
 from ludic.training.lora import load_policy
 from ludic.types import EnvSpec, RolloutRequest

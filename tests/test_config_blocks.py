@@ -12,11 +12,11 @@ from ludic.recipes import blocks
 
 
 def _command_configs() -> list[type]:
-    from ludic.recipes import (datagen, dpo, env, games, grpo_prompts, qa, sft, tictactoe, tictactoe_recipe,
-                               tictactoe_seed_recipe)
+    from ludic.recipes import dpo, env, games, grpo_prompts, qa, sft
+    from ludic.tictactoe import datagen, recipe, seed_recipe, train
 
     out = []
-    for mod in (env, games, qa, sft, dpo, grpo_prompts, tictactoe, datagen, tictactoe_recipe, tictactoe_seed_recipe):
+    for mod in (env, games, qa, sft, dpo, grpo_prompts, train, datagen, recipe, seed_recipe):
         for name, obj in vars(mod).items():
             if (inspect.isclass(obj) and dataclasses.is_dataclass(obj) and obj.__module__ == mod.__name__
                     and name.endswith("Config") and name != "EnvConfig"):

@@ -2,7 +2,7 @@
 
 from ludic.agents.agent import Agent
 from ludic.context import FullDialog, LastObservationContext, RawPromptContext, TruncatedThinkingContext
-from ludic.envs.tictactoe import TicTacToeEnv, TicTacToeGame
+from ludic.tictactoe.env import TicTacToeEnv, TicTacToeGame
 from ludic.interaction import MultiAgentProtocol, SingleAgentProtocol
 from ludic.parsers import think_move_parser
 
@@ -70,7 +70,7 @@ async def test_self_play_last_observation_context_keeps_the_board_after_a_parse_
 
 
 def test_rejection_sampled_records_show_the_retry_prompt_as_the_agent_saw_it():
-    from ludic.data.synth import rollouts_to_records
+    from ludic.tictactoe.synth import rollouts_to_records
     from ludic.types import Rollout, Step
 
     steps = [

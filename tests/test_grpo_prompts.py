@@ -4,7 +4,7 @@ import json
 
 from ludic.data.jsonl import write_jsonl
 from ludic.data.text_logs import read_text_log
-from ludic.data.thinktactoe import make_grpo_records
+from ludic.tictactoe.thinktactoe import make_grpo_records
 from ludic.envs.prompt_env import PromptEnv, get_reward
 from ludic.recipes.grpo_prompts import TrainPromptsConfig, train_prompts
 from ludic.training.config import TrainerConfig

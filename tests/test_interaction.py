@@ -4,7 +4,7 @@ import pytest
 
 from ludic.agents.agent import Agent
 from ludic.context import FullDialog, TruncatedThinkingContext
-from ludic.envs.tictactoe import TicTacToeEnv, TicTacToeGame
+from ludic.tictactoe.env import TicTacToeEnv, TicTacToeGame
 from ludic.tokenization import render_ids
 from ludic.interaction import MultiAgentProtocol, SingleAgentProtocol
 from ludic.parsers import think_move_parser

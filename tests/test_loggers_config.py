@@ -76,7 +76,7 @@ def _recipe_configs():
     from ludic.recipes.dpo import DPOTrainConfig
     from ludic.recipes.grpo_prompts import TrainPromptsConfig
     from ludic.recipes.sft import SFTConfig
-    from ludic.recipes.tictactoe import TrainTicTacToeConfig
+    from ludic.tictactoe.train import TrainTicTacToeConfig
 
     return [TrainTicTacToeConfig, TrainPromptsConfig, SFTConfig, DPOTrainConfig]
 
@@ -93,7 +93,7 @@ def test_every_training_recipe_embeds_the_whole_trainer_section(cls):
 
 def test_train_prompts_passes_the_schedule_to_the_trainer(tiny_model_dir, tmp_path):
     from ludic.data.jsonl import write_jsonl
-    from ludic.data.thinktactoe import make_grpo_records
+    from ludic.tictactoe.thinktactoe import make_grpo_records
     from ludic.recipes.grpo_prompts import TrainPromptsConfig, train_prompts
 
     data = tmp_path / "grpo.jsonl"

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 from ludic.config import parse_config
-from ludic.recipes.tictactoe import EvalTicTacToeConfig, TrainTicTacToeConfig, evaluate, train
+from ludic.tictactoe.train import EvalTicTacToeConfig, TrainTicTacToeConfig, evaluate, train
 from ludic.training.config import TrainerConfig
 
 
@@ -88,7 +88,7 @@ def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch, 
     import ludic.training.scoring as scoring
     from ludic.inference.decode import StaticDecoder
     from ludic.training.token_logp import _TokenLogp
-    from ludic.recipes.tictactoe_recipe import RecipeConfig, recipe
+    from ludic.tictactoe.recipe import RecipeConfig, recipe
 
     calls = {"flat pass": 0, "static decode": 0, "token logp": 0}
 
@@ -138,7 +138,7 @@ def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch, 
     # the report's evaluation command reproduces its numbers (same prompts, same parser)
     import shlex
     from ludic.config import parse_config
-    from ludic.recipes.tictactoe_recipe import eval_command
+    from ludic.tictactoe.recipe import eval_command
 
     argv = shlex.split(eval_command(run, report["config"]))[3:] + ["--out", str(tmp_path / "again.jsonl")]
     again = evaluate(parse_config(EvalTicTacToeConfig, argv))
@@ -149,7 +149,7 @@ def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch, 
 
 def test_seed_workflow_recipe_on_tiny_model(tiny_model_dir, tmp_path):
     """ludic recipe tictactoe --ctx truncated: teacher cold start, SFT, rejection sampling, GRPO, evaluations."""
-    from ludic.recipes.tictactoe_seed_recipe import SeedRecipeConfig, seed_recipe
+    from ludic.tictactoe.seed_recipe import SeedRecipeConfig, seed_recipe
 
     run = tmp_path / "seed"
     report = seed_recipe(SeedRecipeConfig(model=str(tiny_model_dir), run_dir=str(run), teacher_episodes=6,
@@ -169,11 +169,11 @@ def test_seed_workflow_recipe_on_tiny_model(tiny_model_dir, tmp_path):
 def test_recipe_prompts_are_the_same_in_sft_data_rl_and_exact_evaluation():
     """The SFT record of a position, the position-GRPO agent's prompt and the env's observation
     (what exact evaluation and games show) are one text: a mismatch would silently cost accuracy."""
-    from ludic.data.synth import teacher_position_records, teacher_positions
-    from ludic.envs.tictactoe import TicTacToeEnv
-    from ludic.envs.tictactoe_positions import TicTacToePositionEnv
-    from ludic.recipes.tictactoe_game import answer_parser
-    from ludic.recipes.tictactoe_positions import View
+    from ludic.tictactoe.synth import teacher_position_records, teacher_positions
+    from ludic.tictactoe.env import TicTacToeEnv
+    from ludic.tictactoe.positions import TicTacToePositionEnv
+    from ludic.tictactoe.prompts import answer_parser
+    from ludic.tictactoe.position_rl import View
 
     view = View("Tic-tac-toe.", compact=True, show_moves=False, max_tokens=12, answer="move")
     records = teacher_position_records("Tic-tac-toe.", style="move", show_moves=False)
@@ -202,8 +202,8 @@ def test_position_batches_repeat_the_focus_up_to_its_share():
     replay_fraction of replay; nothing at all when there is nothing to fix."""
     import random
 
-    from ludic.data.synth import teacher_positions
-    from ludic.recipes.tictactoe_positions import PositionRLConfig, batch_boards
+    from ludic.tictactoe.synth import teacher_positions
+    from ludic.tictactoe.position_rl import PositionRLConfig, batch_boards
 
     boards = teacher_positions()
     focus, pool, replay = boards[:1], boards[1:21], boards[21:]
@@ -224,9 +224,9 @@ def test_position_grpo_with_kl_keeps_solved_groups_and_reports_kl(tiny_model_dir
     zero-advantage groups are dropped."""
     import asyncio
 
-    from ludic.data.synth import teacher_positions
+    from ludic.tictactoe.synth import teacher_positions
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.recipes.tictactoe_positions import PositionGRPO, PositionRLConfig, View
+    from ludic.tictactoe.position_rl import PositionGRPO, PositionRLConfig, View
     from ludic.training.lora import LoraSettings, load_policy
 
     model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
@@ -245,8 +245,8 @@ def test_position_grpo_with_kl_keeps_solved_groups_and_reports_kl(tiny_model_dir
 
 def test_recipes_reject_an_unknown_logger_before_any_work(tmp_path):
     """A --logger typo used to surface when SFT first logged, after the base evaluation."""
-    from ludic.recipes.tictactoe_recipe import RecipeConfig, recipe
-    from ludic.recipes.tictactoe_seed_recipe import SeedRecipeConfig, seed_recipe
+    from ludic.tictactoe.recipe import RecipeConfig, recipe
+    from ludic.tictactoe.seed_recipe import SeedRecipeConfig, seed_recipe
 
     missing = str(tmp_path / "no-such-model")  # loading it would fail with FileNotFoundError
     with pytest.raises(ValueError, match="unknown logger 'plain'"):

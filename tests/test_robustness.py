@@ -17,7 +17,8 @@ from ludic.agents.agent import Agent
 from ludic.context import FullDialog
 from ludic.envs.prompt_env import PromptEnv, register_reward
 from ludic.envs.registry import register_env
-from ludic.envs.tictactoe import TicTacToeEnv, TicTacToeGame, legal_moves
+from ludic.tictactoe.board import legal_moves
+from ludic.tictactoe.env import TicTacToeEnv, TicTacToeGame
 from ludic.interaction import MultiAgentProtocol, SingleAgentProtocol
 from ludic.parsers import think_move_parser, xml_tag_parser
 from ludic.rollouts.batch import build_saw_items

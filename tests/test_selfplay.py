@@ -1,4 +1,4 @@
-"""Self-play, league and bot opponents in ``ludic train tictactoe`` (ludic.recipes.tictactoe_opponents)."""
+"""Self-play, league and bot opponents in ``ludic train tictactoe`` (ludic.tictactoe.opponents)."""
 
 import json
 import random
@@ -7,8 +7,8 @@ from collections import defaultdict
 import pytest
 
 from ludic.inference.client import ChatResponse
-from ludic.recipes.tictactoe import TrainTicTacToeConfig, train
-from ludic.recipes.tictactoe_opponents import OpponentRequests, opponent_metrics, opponent_requests
+from ludic.tictactoe.train import TrainTicTacToeConfig, train
+from ludic.tictactoe.opponents import OpponentRequests, opponent_metrics, opponent_requests
 from ludic.rollouts.batch import RolloutBatchSource
 from ludic.rollouts.credit import GroupNormalizedReturn
 from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine

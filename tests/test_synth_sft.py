@@ -6,7 +6,7 @@ import json
 import pytest
 
 from ludic.data.offline import OfflineBatchSource, load_sft_items, sft_item
-from ludic.data.synth import (
+from ludic.tictactoe.synth import (
     episode_records,
     filter_rollouts,
     keep_results,
@@ -15,7 +15,7 @@ from ludic.data.synth import (
     teacher_episodes,
     teacher_records,
 )
-from ludic.envs import tictactoe as ttt
+from ludic.tictactoe import board as ttt
 from ludic.tokenization import render_ids
 from ludic.types import Rollout, Step
 
@@ -97,7 +97,7 @@ def test_offline_source_shards_epochs_and_resumes():
 
 
 def test_teacher_positions_cover_every_reachable_decision_and_never_lose():
-    from ludic.data.synth import preferred_best_move, teacher_position_records, teacher_positions
+    from ludic.tictactoe.synth import preferred_best_move, teacher_position_records, teacher_positions
 
     boards = set(teacher_positions())
     assert len(boards) == 335

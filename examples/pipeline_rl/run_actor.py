@@ -6,8 +6,8 @@ in-process engine, push SAW items to Redis, follow the learner's weight announce
 """
 
 from ludic.config import parse_config
-from ludic.recipes.tictactoe import TrainTicTacToeConfig
-from ludic.recipes.tictactoe_pipeline import run_actor
+from ludic.tictactoe.train import TrainTicTacToeConfig
+from ludic.tictactoe.pipeline import run_actor
 
 if __name__ == "__main__":
     run_actor(parse_config(TrainTicTacToeConfig, prog="run_actor.py"))

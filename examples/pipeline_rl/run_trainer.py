@@ -8,8 +8,8 @@ Redis, checkpoint (then acknowledge what the checkpoint holds), publish and anno
 import json
 
 from ludic.config import parse_config
-from ludic.recipes.tictactoe import TrainTicTacToeConfig
-from ludic.recipes.tictactoe_pipeline import run_learner
+from ludic.tictactoe.train import TrainTicTacToeConfig
+from ludic.tictactoe.pipeline import run_learner
 
 if __name__ == "__main__":
     out = run_learner(parse_config(TrainTicTacToeConfig, prog="run_trainer.py"))

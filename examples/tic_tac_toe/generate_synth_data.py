@@ -10,7 +10,7 @@ assistant turns are rewritten to the [TRUNCATED] thinking convention unless --no
 import json
 
 from ludic.config import parse_config
-from ludic.recipes.datagen import DatagenConfig, datagen
+from ludic.tictactoe.datagen import DatagenConfig, datagen
 
 if __name__ == "__main__":
     print(json.dumps(datagen(parse_config(DatagenConfig, prog="generate_synth_data.py")), indent=2))

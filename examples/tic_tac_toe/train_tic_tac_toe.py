@@ -4,7 +4,7 @@
 """
 
 from ludic.config import parse_config
-from ludic.recipes.tictactoe import TrainTicTacToeConfig, train
+from ludic.tictactoe.train import TrainTicTacToeConfig, train
 
 if __name__ == "__main__":
     metrics = train(parse_config(TrainTicTacToeConfig, prog="train_tic_tac_toe.py"))

@@ -37,11 +37,11 @@ from ludic.config import parse_config
 
 
 def _train_tictactoe(argv: list[str]) -> None:
-    from ludic.recipes.tictactoe import TrainTicTacToeConfig, train
+    from ludic.tictactoe.train import TrainTicTacToeConfig, train
 
     cfg = parse_config(TrainTicTacToeConfig, argv, prog="ludic train tictactoe")
     if cfg.pipeline or cfg.overlap:
-        from ludic.recipes.tictactoe_pipeline import run_local
+        from ludic.tictactoe.pipeline import run_local
 
         metrics = run_local(cfg)
     else:
@@ -50,15 +50,15 @@ def _train_tictactoe(argv: list[str]) -> None:
 
 
 def _actor_tictactoe(argv: list[str]) -> None:
-    from ludic.recipes.tictactoe import TrainTicTacToeConfig
-    from ludic.recipes.tictactoe_pipeline import run_actor
+    from ludic.tictactoe.train import TrainTicTacToeConfig
+    from ludic.tictactoe.pipeline import run_actor
 
     run_actor(parse_config(TrainTicTacToeConfig, argv, prog="ludic actor tictactoe"))
 
 
 def _learner_tictactoe(argv: list[str]) -> None:
-    from ludic.recipes.tictactoe import TrainTicTacToeConfig
-    from ludic.recipes.tictactoe_pipeline import run_learner
+    from ludic.tictactoe.train import TrainTicTacToeConfig
+    from ludic.tictactoe.pipeline import run_learner
 
     out = run_learner(parse_config(TrainTicTacToeConfig, argv, prog="ludic learner tictactoe"))
     print(json.dumps({k: v for k, v in out.items() if isinstance(v, (int, float, dict))}, indent=2))
@@ -85,12 +85,12 @@ def _train_prompts(argv: list[str]) -> None:
 
 
 def _eval_tictactoe(argv: list[str]) -> None:
-    from ludic.recipes.tictactoe import EvalTicTacToeConfig, evaluate
+    from ludic.tictactoe.train import EvalTicTacToeConfig, evaluate
 
     cfg = parse_config(EvalTicTacToeConfig, argv, prog="ludic eval tictactoe")
     metrics = evaluate(cfg)
     if cfg.exact:
-        from ludic.eval.tictactoe_exact import format_table
+        from ludic.tictactoe.exact import format_table
 
         print(format_table(metrics, cfg.opponent))
         print(f"decisions written to {cfg.out}")
@@ -105,13 +105,13 @@ def _eval_tictactoe(argv: list[str]) -> None:
 
 
 def _datagen_tictactoe(argv: list[str]) -> None:
-    from ludic.recipes.datagen import DatagenConfig, datagen
+    from ludic.tictactoe.datagen import DatagenConfig, datagen
 
     print(json.dumps(datagen(parse_config(DatagenConfig, argv, prog="ludic datagen tictactoe")), indent=2))
 
 
 def _datagen_thinktactoe(argv: list[str]) -> None:
-    from ludic.data.thinktactoe import main as thinktactoe_main
+    from ludic.tictactoe.thinktactoe import main as thinktactoe_main
 
     thinktactoe_main(argv)
 
@@ -131,8 +131,8 @@ def _dpo(argv: list[str]) -> None:
 
 
 def _recipe_tictactoe(argv: list[str]) -> None:
-    from ludic.recipes.tictactoe_recipe import RecipeConfig, recipe
-    from ludic.recipes.tictactoe_seed_recipe import SeedRecipeConfig, seed_recipe
+    from ludic.tictactoe.recipe import RecipeConfig, recipe
+    from ludic.tictactoe.seed_recipe import SeedRecipeConfig, seed_recipe
 
     ctx = next((v for k, v in zip(argv, argv[1:]) if k == "--ctx"),
                next((a.split("=", 1)[1] for a in argv if a.startswith("--ctx=")), "last"))

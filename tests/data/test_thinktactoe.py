@@ -9,7 +9,7 @@ import re
 import pytest
 
 from ludic.data.jsonl import DatasetError, write_jsonl
-from ludic.data.thinktactoe import (
+from ludic.tictactoe.thinktactoe import (
     BOARD_END,
     MOVE_PREFIX,
     NUM_POSITIONS,
@@ -36,7 +36,7 @@ from ludic.data.thinktactoe import (
     read_sft,
     think_text,
 )
-from ludic.envs.tictactoe import EMPTY_BOARD, best_moves, legal_moves, play, solve, to_move, winner
+from ludic.tictactoe.board import EMPTY_BOARD, best_moves, legal_moves, play, solve, to_move, winner
 
 
 def board(*rows: str):

@@ -11,32 +11,8 @@ from functools import lru_cache
 import pytest
 
 from ludic.envs.registry import make_env
-from ludic.envs.tictactoe import (
-    EMPTY_BOARD,
-    TICTACTOE_RULES,
-    TicTacToeEnv,
-    TicTacToeGame,
-    best_moves,
-    coord,
-    game_value,
-    is_full,
-    legal_moves,
-    make_opponent,
-    minimax_opponent,
-    mixed_opponent,
-    opponent_distribution,
-    optimal_moves,
-    other,
-    parse_board,
-    parse_coord,
-    play,
-    random_opponent,
-    reachable_positions,
-    render_board,
-    solve,
-    to_move,
-    winner,
-)
+from ludic.tictactoe.board import EMPTY_BOARD, TICTACTOE_RULES, best_moves, coord, game_value, is_full, legal_moves, make_opponent, minimax_opponent, mixed_opponent, opponent_distribution, optimal_moves, other, parse_board, parse_coord, play, random_opponent, reachable_positions, render_board, solve, to_move, winner
+from ludic.tictactoe.env import TicTacToeEnv, TicTacToeGame
 from ludic.types import EnvSpec
 
 A1, A2, A3, B1, B2, B3, C1, C2, C3 = range(9)
@@ -539,7 +515,7 @@ def test_move_kind_has_one_definition_next_to_the_rules():
 
 
 def test_move_kind_win_block_fork_and_position():
-    from ludic.envs.tictactoe import move_kind
+    from ludic.tictactoe.board import move_kind
 
     b = board(".XX", "...", "OO.")  # X to move: A1 wins, C3 blocks
     assert move_kind(b, A1) == "win" and move_kind(b, C3) == "block"

@@ -2,11 +2,12 @@
 
 import pytest
 
-import ludic.envs.tictactoe as ttt
-from ludic.data.thinktactoe import make_prompt, move_quality_reward
+import ludic.tictactoe.board as ttt
+from ludic.tictactoe.env import format_observation
+from ludic.tictactoe.thinktactoe import make_prompt, move_quality_reward
 from ludic.envs.prompt_env import get_reward
 from ludic.envs.registry import make_env
-from ludic.envs.tictactoe_positions import (
+from ludic.tictactoe.positions import (
     TicTacToePositionEnv,
     board_from_string,
     board_to_string,
@@ -51,7 +52,7 @@ def test_position_env_renders_like_the_game_and_scores_one_move():
     env = make_env(EnvSpec("tictactoe_position", {"board": board_to_string(board), "compact": True}))
     assert isinstance(env, TicTacToePositionEnv)
     obs, info = env.reset()[env.agent_id]
-    assert obs == ttt.format_observation(board, "X", None, None, True) and info["agent_mark"] == "X"
+    assert obs == format_observation(board, "X", None, None, True) and info["agent_mark"] == "X"
     out = env.step({env.agent_id: "C3"})[env.agent_id]
     assert out.terminated and out.reward == 1.0 and out.info["best_move"] and out.info["optimal_move"]
     env.reset()

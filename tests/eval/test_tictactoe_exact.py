@@ -11,10 +11,9 @@ import pytest
 from ludic.agents.agent import Agent
 from ludic.context import make_context
 
-from ludic.envs.tictactoe import (
-    CORNERS, EMPTY, TicTacToeEnv, best_moves, coord, legal_moves, optimal_moves, parse_board,
-)
-from ludic.eval.tictactoe_exact import OUTCOMES, ExactResult, exact_eval, format_table
+from ludic.tictactoe.board import CORNERS, EMPTY, best_moves, coord, legal_moves, optimal_moves, parse_board
+from ludic.tictactoe.env import TicTacToeEnv
+from ludic.tictactoe.exact import OUTCOMES, ExactResult, exact_eval, format_table
 from ludic.inference.client import ChatRequest, ChatResponse, SamplingParams
 from ludic.parsers import ParseResult
 from ludic.types import FinishReason, TokenTrace
@@ -240,7 +239,7 @@ def test_a_custom_agent_must_be_greedy():
 
 
 async def test_decision_cache_answers_concurrent_duplicates_once_and_turns_errors_into_failed_responses():
-    from ludic.eval.tictactoe_exact import DecisionCache
+    from ludic.tictactoe.exact import DecisionCache
 
     class Slow:
         tokenizer = None

@@ -540,8 +540,8 @@ def test_pipeline_actor_samples_from_the_server_the_learner_pushes_to(server: VL
     import json
 
     from ludic.pipeline.redis_server import RedisServer
-    from ludic.recipes.tictactoe import TrainTicTacToeConfig
-    from ludic.recipes.tictactoe_pipeline import cli_args
+    from ludic.tictactoe.train import TrainTicTacToeConfig
+    from ludic.tictactoe.pipeline import cli_args
     from ludic.training.config import TrainerConfig
 
     redis = RedisServer(tmp_path / "redis").start()

@@ -8,7 +8,7 @@ from conftest import require
 pytestmark = pytest.mark.integration
 require("vllm")
 
-from ludic.recipes.tictactoe import EvalTicTacToeConfig, TrainTicTacToeConfig, evaluate, train  # noqa: E402
+from ludic.tictactoe.train import EvalTicTacToeConfig, TrainTicTacToeConfig, evaluate, train  # noqa: E402
 
 
 def test_grpo_steps_on_vllm_server_publish_adapters(tmp_path):

@@ -24,8 +24,8 @@ import pytest
 from ludic.pipeline.source import read_ledger
 from ludic.pipeline.streams import PipelineStreams, SampleWriter
 from ludic.pipeline.wire import decode_item
-from ludic.recipes.tictactoe import TrainTicTacToeConfig
-from ludic.recipes.tictactoe_pipeline import cli_args, spawn_actor
+from ludic.tictactoe.train import TrainTicTacToeConfig
+from ludic.tictactoe.pipeline import cli_args, spawn_actor
 from ludic.training.config import TrainerConfig
 
 pytestmark = pytest.mark.timeout(600)
@@ -267,7 +267,7 @@ def test_overlap_in_one_process(redis_server, tiny_model_dir, tmp_path):
     trained items are at most one version old, and the thread is gone at the end."""
     import threading
 
-    from ludic.recipes.tictactoe_pipeline import run_local
+    from ludic.tictactoe.pipeline import run_local
 
     run_dir = tmp_path / "run"
     cfg = replace(config(tiny_model_dir, redis_server.url, run_dir, steps=3), overlap=True, stream_prefix="ov",

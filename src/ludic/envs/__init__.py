@@ -9,7 +9,7 @@ _EXPORTS = {
     "register_env": "ludic.envs.registry", "make_env": "ludic.envs.registry", "ENVS": "ludic.envs.registry",
     "TextArenaEnv": "ludic.envs.textarena_env", "ReasoningGymEnv": "ludic.envs.reasoning_gym_env",
     "GymTextEnv": "ludic.envs.gym_text",
-    "TicTacToeEnv": "ludic.envs.tictactoe", "OpenSpielEnv": "ludic.envs.openspiel",
+    "TicTacToeEnv": "ludic.tictactoe.env", "OpenSpielEnv": "ludic.envs.openspiel",
     "QAEnv": "ludic.envs.qa", "DatasetQAEnv": "ludic.envs.qa", "PromptEnv": "ludic.envs.prompt_env",
     "TraceEnv": "ludic.envs.trace",
 }

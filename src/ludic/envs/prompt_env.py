@@ -20,8 +20,8 @@ from ludic.types import JSON, StepOutcome
 
 RewardFn = Callable[[str, str], float]
 REWARDS: Registry[RewardFn] = Registry("reward", {
-    "move_quality": "ludic.data.thinktactoe:move_quality_reward",
-    "solver_move": "ludic.envs.tictactoe_positions:solver_move_reward_text",
+    "move_quality": "ludic.tictactoe.thinktactoe:move_quality_reward",
+    "solver_move": "ludic.tictactoe.positions:solver_move_reward_text",
 })
 
 

@@ -97,10 +97,10 @@ class EnvRegistry(Registry[EnvFactory]):
 
 
 ENVS: Registry[EnvFactory] = EnvRegistry("env kind", {
-    "tictactoe": "ludic.envs.tictactoe:TicTacToeEnv",
-    "tictactoe_selfplay": "ludic.envs.tictactoe:TicTacToeGame",
+    "tictactoe": "ludic.tictactoe.env:TicTacToeEnv",
+    "tictactoe_selfplay": "ludic.tictactoe.env:TicTacToeGame",
     "prompt": "ludic.envs.prompt_env:PromptEnv",
-    "tictactoe_position": "ludic.envs.tictactoe_positions:TicTacToePositionEnv",
+    "tictactoe_position": "ludic.tictactoe.positions:TicTacToePositionEnv",
     "openspiel": "ludic.envs.openspiel:OpenSpielEnv",
     "trace": "ludic.envs.trace:TraceEnv",
     "qa": "ludic.envs.qa:QAEnv",

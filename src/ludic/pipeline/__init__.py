@@ -8,6 +8,6 @@
                      AnnouncingPublisher and make_learner
     redis_server.py  a local redis-server (AOF, appendfsync always) for development and tests
 
-The recipes wire these for tic-tac-toe (``ludic.recipes.tictactoe_pipeline``: ``ludic actor``,
+The recipes wire these for tic-tac-toe (``ludic.tictactoe.pipeline``: ``ludic actor``,
 ``ludic learner``, ``ludic train tictactoe --pipeline N``).
 """

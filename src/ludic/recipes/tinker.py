@@ -76,8 +76,8 @@ async def _train(cfg: TinkerTicTacToeConfig) -> dict[str, Any]:
     from ludic.config import dump_config
     from ludic.inference.models import DEFAULT_MODEL, load_tokenizer, resolve_model
     from ludic.inference.tinker_client import TinkerChatClient
-    from ludic.recipes.tictactoe import TrainTicTacToeConfig, rollout_source
-    from ludic.recipes.tictactoe_game import eval_requests, make_protocol_factory, run_eval
+    from ludic.tictactoe.train import TrainTicTacToeConfig, rollout_source
+    from ludic.tictactoe.prompts import eval_requests, make_protocol_factory, run_eval
     from ludic.recipes.common import default_run_dir
     from ludic.rollouts.engine import RolloutEngine
     from ludic.training.loggers import logger_names, make_logger

@@ -3,7 +3,7 @@
 Self-play against the current policy alone can chase its own tail (it forgets how to beat
 what it used to play); a league keeps earlier versions of the policy as frozen opponents.
 Nothing here knows the game: which env and protocol a drawn opponent becomes is the
-recipe's business (``ludic.recipes.tictactoe_opponents`` for tic-tac-toe).
+recipe's business (``ludic.tictactoe.opponents`` for tic-tac-toe).
 
     league = League(run_dir / "league", max_size=4, every=10,
                     make_client=frozen_copy_clients(model, tokenizer))

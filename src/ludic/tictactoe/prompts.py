@@ -1,7 +1,7 @@
 """Tic-tac-toe as the recipes play it: the system prompt, the strict answer parsers, a fresh agent and
 its protocol, the env spec of a bot game, held-out evaluation requests and the outcome metrics.
-Shared by the GRPO command (``recipes.tictactoe``), its opponents (``recipes.tictactoe_opponents``),
-the position-level RL of the recipe (``recipes.tictactoe_positions``) and the data generators."""
+Shared by the GRPO command (``tictactoe.train``), its opponents (``tictactoe.opponents``), the
+position-level RL of the recipe (``tictactoe.position_rl``) and the data generators."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def tictactoe_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
 def answer_parser(answer: str = "think") -> Parser:
     """The strict parser of an answer style: ``move`` takes exactly ``<move>B2</move>``; ``think``
     and ``kind`` take ``<think>...</think><move>B2</move>``; ``cell`` takes only a cell name
-    such as ``B2`` (see ``ludic.data.synth.ANSWER_STYLES``)."""
+    such as ``B2`` (see ``ludic.tictactoe.synth.ANSWER_STYLES``)."""
     if answer == "cell":
         return regex_parser(r"[A-C][1-3]", feedback="Invalid answer: reply with one cell name only, such as B2.")
     if answer == "move":

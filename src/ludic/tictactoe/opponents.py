@@ -26,16 +26,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from ludic.envs.tictactoe import other
+from ludic.tictactoe.board import other
 from ludic.inference.client import ChatClient
 from ludic.interaction import MultiAgentProtocol
-from ludic.recipes.tictactoe_game import env_spec, make_agent, prompting, tictactoe_metrics
+from ludic.tictactoe.prompts import env_spec, make_agent, prompting, tictactoe_metrics
 from ludic.rollouts.engine import RolloutEngine
 from ludic.training.league import League, OpponentDraw, OpponentSampler, frozen_copy_clients, parse_mixture
 from ludic.types import EnvSpec, Rollout, RolloutRequest
 
 if TYPE_CHECKING:
-    from ludic.recipes.tictactoe import TrainTicTacToeConfig
+    from ludic.tictactoe.train import TrainTicTacToeConfig
 
 SEATS = ("X", "O")
 BOTS = ("random", "minimax", "mixed")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic.recipes.blocks import ModelBlock, RunBlock, load_policy_for
-from ludic.recipes.tictactoe_game import ColdStartBlock
+from ludic.tictactoe.prompts import ColdStartBlock
 
 
 @dataclass
@@ -73,13 +73,13 @@ def seed_recipe(cfg: SeedRecipeConfig) -> dict[str, Any]:
 async def _seed_recipe(cfg: SeedRecipeConfig) -> dict[str, Any]:
     from ludic.config import dump_config
     from ludic.data.offline import sft_item
-    from ludic.data.synth import teacher_records
+    from ludic.tictactoe.synth import teacher_records
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.recipes.backends import in_process
-    from ludic.recipes.datagen import rejection_sample
+    from ludic.tictactoe.datagen import rejection_sample
     from ludic.recipes.sft import SFTConfig, sft_stage
-    from ludic.recipes.tictactoe import TrainTicTacToeConfig, grpo_stage
-    from ludic.recipes.tictactoe_game import SYSTEM_PROMPT
+    from ludic.tictactoe.train import TrainTicTacToeConfig, grpo_stage
+    from ludic.tictactoe.prompts import SYSTEM_PROMPT
     from ludic.recipes.common import Clock, default_run_dir, machine
     from ludic.training.config import TrainerConfig
     from ludic.training.loggers import logger_names, make_logger
@@ -169,9 +169,9 @@ async def _seed_recipe(cfg: SeedRecipeConfig) -> dict[str, Any]:
 
 async def seed_eval(client: Any, cfg: SeedRecipeConfig) -> dict[str, dict[str, float]]:
     """Exact vs minimax (both seats, every tie-break; positions met) and sampled vs random."""
-    from ludic.eval.tictactoe_exact import exact_eval
-    from ludic.recipes.tictactoe import outcome_intervals
-    from ludic.recipes.tictactoe_game import SYSTEM_PROMPT, eval_requests, make_protocol_factory, run_eval
+    from ludic.tictactoe.exact import exact_eval
+    from ludic.tictactoe.train import outcome_intervals
+    from ludic.tictactoe.prompts import SYSTEM_PROMPT, eval_requests, make_protocol_factory, run_eval
     from ludic.rollouts.engine import RolloutEngine
 
     exact = await exact_eval(client, ctx=cfg.ctx, system_prompt=SYSTEM_PROMPT, opponent="minimax",

@@ -21,7 +21,7 @@ from typing import Any
 from ludic.recipes import pipeline
 from ludic.recipes.common import default_run_dir
 from ludic.recipes.pipeline import PipelineParts
-from ludic.recipes.tictactoe import TrainTicTacToeConfig, load_train_policy, rollout_source, trainer_config
+from ludic.tictactoe.train import TrainTicTacToeConfig, load_train_policy, rollout_source, trainer_config
 
 
 TICTACTOE = PipelineParts(

@@ -21,8 +21,9 @@ import random
 from typing import Callable, Collection, Iterable, Sequence
 
 from ludic.context import ContextStrategy, FullDialog, LastObservationContext, TruncatedThinkingContext
-from ludic.envs import tictactoe as ttt
-from ludic.envs.tictactoe import move_kind
+from ludic.tictactoe import board as ttt
+from ludic.tictactoe.env import TicTacToeEnv, format_observation
+from ludic.tictactoe.board import move_kind
 from ludic.types import JSON, Rollout
 
 RolloutFilter = Callable[[Rollout], bool]
@@ -183,7 +184,7 @@ def teacher_position_records(system_prompt: str | None, *, compact: bool = True,
     out = []
     for board in teacher_positions():
         mark = ttt.to_move(board)
-        obs = ttt.format_observation(board, mark, None, None, compact, show_moves)
+        obs = format_observation(board, mark, None, None, compact, show_moves)
         system = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
         out.append({
             "messages": [*system, {"role": "user", "content": obs}],
@@ -209,7 +210,7 @@ def teacher_episodes(
     out = []
     for i in range(episodes):
         name, eps = opponents[i % len(opponents)]
-        env = ttt.TicTacToeEnv(agent_starts=(i // len(opponents)) % 2 == 0, opponent=name, epsilon=eps,
+        env = TicTacToeEnv(agent_starts=(i // len(opponents)) % 2 == 0, opponent=name, epsilon=eps,
                                compact=compact)
         obs, _ = env.reset(seed=rng.getrandbits(31))[env.agent_id]
         turns, result = [], None

@@ -6,12 +6,12 @@ then the side to move: ``<|player|>X`` (style ``"player"``, legacy SFT/DPO) or
 ``<|turn|>bot`` + ``<|symbol|>X`` (style ``"minimax"``; turn is ``bot`` for X,
 ``player`` for O). An answer is an optional ``<player_think>...</player_think>``
 line and ``<|move|><|r-c|><|end|>``. Unlike the original generators, both sides
-to move appear, labels come from the perfect solver of ``ludic.envs.tictactoe``
+to move appear, labels come from the perfect solver of ``ludic.tictactoe.env``
 (fastest win, slowest loss, seeded tie-break), DPO ``rejected`` moves are
 strictly worse than ``chosen``, and ``move_quality_reward`` (win 1.0, block
 0.8, centre 0.6, corner 0.4, edge 0.2, invalid -1.0) judges the side to move.
 
-CLI: ``python -m ludic.data.thinktactoe --kind sft|dpo|grpo|minimax ...``.
+CLI: ``python -m ludic.tictactoe.thinktactoe --kind sft|dpo|grpo|minimax ...``.
 """
 
 from __future__ import annotations
@@ -24,11 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 from ludic.data.jsonl import read_jsonl, write_jsonl
-from ludic.envs.tictactoe import (
-    EMPTY, EMPTY_BOARD, Board, best_moves, completed_line, is_over, legal_moves, move_kind, other, play, solve,
-    to_move,
-)
-from ludic.envs.tictactoe import reachable_positions as all_positions  # noqa: F401 (public name here too)
+from ludic.tictactoe.board import EMPTY, EMPTY_BOARD, Board, best_moves, completed_line, is_over, legal_moves, move_kind, other, play, solve, to_move
+from ludic.tictactoe.board import reachable_positions as all_positions  # noqa: F401 public name here too
 
 BOARD_START, BOARD_END = "<|board_start|>", "<|board_end|>"
 MOVE_PREFIX = "<|move|><|"

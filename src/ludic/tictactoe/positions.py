@@ -23,17 +23,8 @@ registered for ``ludic train prompts --reward solver_move`` beside ``move_qualit
 from __future__ import annotations
 
 from ludic.envs.base import SingleAgentEnv
-from ludic.envs.tictactoe import (
-    EMPTY,
-    Board,
-    best_moves,
-    coord,
-    format_observation,
-    is_over,
-    optimal_moves,
-    parse_coord,
-    to_move,
-)
+from ludic.tictactoe.board import EMPTY, Board, best_moves, coord, is_over, optimal_moves, parse_coord, to_move
+from ludic.tictactoe.env import format_observation
 from ludic.types import JSON, StepOutcome
 
 BEST, PRESERVING, GIVES_AWAY, ILLEGAL = 1.0, 0.8, 0.0, -1.0
@@ -96,7 +87,7 @@ class TicTacToePositionEnv(SingleAgentEnv):
 
 def solver_move_reward_text(prompt: str, completion: str) -> float:
     """``solver_move_reward`` for a ThinkTacToe-format prompt and completion (cf. ``move_quality_reward``)."""
-    from ludic.data.thinktactoe import parse_board_block, parse_move, parse_side
+    from ludic.tictactoe.thinktactoe import parse_board_block, parse_move, parse_side
 
     board = parse_board_block(prompt)
     move = parse_move(completion)

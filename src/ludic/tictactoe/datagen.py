@@ -48,8 +48,8 @@ class DatagenConfig(ModelBlock, EvalInferenceBlock):
 
 def datagen(cfg: DatagenConfig) -> dict[str, Any]:
     from ludic.data.jsonl import write_jsonl
-    from ludic.data.synth import teacher_records
-    from ludic.recipes.tictactoe_game import SYSTEM_PROMPT
+    from ludic.tictactoe.synth import teacher_records
+    from ludic.tictactoe.prompts import SYSTEM_PROMPT
 
     t0 = time.perf_counter()
     keep = tuple(k.strip() for k in cfg.keep.split(",") if k.strip())
@@ -91,8 +91,8 @@ async def rejection_sample(
     """Roll out the policy behind ``client`` with FullDialog (half the episodes as X), keep the
     episodes whose result is in ``keep``; returns their SFT records (as context ``ctx`` shows
     them) and the number of episodes kept."""
-    from ludic.data.synth import filter_rollouts, keep_results, rollouts_to_records
-    from ludic.recipes.tictactoe_game import SYSTEM_PROMPT, make_protocol_factory
+    from ludic.tictactoe.synth import filter_rollouts, keep_results, rollouts_to_records
+    from ludic.tictactoe.prompts import SYSTEM_PROMPT, make_protocol_factory
     from ludic.rollouts.engine import RolloutEngine
     from ludic.types import EnvSpec, RolloutRequest
 

@@ -15,7 +15,7 @@
 step times measured in this run. Everything runs in one process on one model object (no
 reloads), with the in-process batched engine for rollouts and evaluations.
 
-``--ctx truncated`` runs the seed's own workflow instead (``tictactoe_seed_recipe``):
+``--ctx truncated`` runs the seed's own workflow instead (``tictactoe.seed_recipe``):
 multi-turn prompts with ``[TRUNCATED]`` thoughts, ``<think>...</think><move>...</move>``
 answers, rejection-sampled episodes and GRPO on games.
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic.recipes.blocks import ModelBlock, RunBlock, load_policy_for
-from ludic.recipes.tictactoe_game import ColdStartBlock
+from ludic.tictactoe.prompts import ColdStartBlock
 from ludic.recipes.common import Clock, machine
 
 CALIBRATION_STEPS = 6
@@ -105,7 +105,7 @@ def recipe(cfg: RecipeConfig) -> dict[str, Any]:
 
     with fastpath.scoped(cfg.fast_path):
         if cfg.ctx != "last":
-            from ludic.recipes.tictactoe_seed_recipe import SeedRecipeConfig, seed_recipe
+            from ludic.tictactoe.seed_recipe import SeedRecipeConfig, seed_recipe
 
             return seed_recipe(SeedRecipeConfig.from_recipe(cfg))
         return asyncio.run(_recipe(cfg))
@@ -114,10 +114,10 @@ def recipe(cfg: RecipeConfig) -> dict[str, Any]:
 async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.config import dump_config
     from ludic.data.offline import OfflineBatchSource, sft_item
-    from ludic.data.synth import teacher_position_records, teacher_positions
+    from ludic.tictactoe.synth import teacher_position_records, teacher_positions
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.recipes.common import default_run_dir
-    from ludic.recipes.tictactoe_positions import PositionGRPO, PositionRLConfig, View
+    from ludic.tictactoe.position_rl import PositionGRPO, PositionRLConfig, View
     from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
     from ludic.training.loggers import logger_names, make_logger
@@ -336,7 +336,7 @@ class Evaluator:
 
     async def positions(self, stage: str, step: int = 0) -> tuple[dict[str, float], list]:
         """The policy's move on every teacher position: legal, best and value-preserving rates."""
-        from ludic.recipes.tictactoe_positions import score_positions
+        from ludic.tictactoe.position_rl import score_positions
 
         t0 = time.perf_counter()
         score = await score_positions(self.client, self.teacher, self.view)
@@ -352,7 +352,7 @@ class Evaluator:
         """Teacher positions, then exact evaluations against ``opponents``; ``stage_results[stage]``
         keeps the stage's latest full evaluation (both opponents). The same ``(stage, step)`` asked
         again (the closing evaluation right after the last RL round's) reuses what was measured."""
-        from ludic.eval.tictactoe_exact import exact_eval
+        from ludic.tictactoe.exact import exact_eval
 
         if self._last is not None and self._last[0] == (stage, step):
             out, wrong_games, wrong = self._last[1], self._last[2], self._last[3]

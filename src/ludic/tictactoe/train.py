@@ -8,7 +8,7 @@ The wiring is the spine: TicTacToeEnv -> Agent(engine, context, strict
 GRPORequestStrategy -> GroupNormalizedReturn -> loss -> Trainer -> publisher.
 ``--opponent self`` and ``--opponent-pool`` (self-play, a league of frozen
 snapshots, bots) swap the first steps for TicTacToeGame + MultiAgentProtocol
-(see ``ludic.recipes.tictactoe_opponents``).
+(see ``ludic.tictactoe.opponents``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ludic.config import dump_config
 from ludic.inference.client import ChatClient
 from ludic.inference.models import DEFAULT_MODEL
 from ludic.recipes.blocks import EvalInferenceBlock, InferenceBlock, ModelBlock, PipelineBlock, TrainRunBlock
-from ludic.recipes.tictactoe_game import (TicTacToeBlock, _starts, answer_parser, env_spec, eval_requests,
+from ludic.tictactoe.prompts import (TicTacToeBlock, _starts, answer_parser, env_spec, eval_requests,
                                           make_protocol_factory, prompting, run_eval, tictactoe_metrics,
                                           tictactoe_outcome)
 from ludic.rollouts.batch import RolloutBatchSource
@@ -152,7 +152,7 @@ def rollout_source(cfg: TrainTicTacToeConfig, client: ChatClient, model: Any, to
                    run_dir: Path) -> tuple[Any, Any, Any]:
     """(RolloutBatchSource, algorithm, league or None): games against cfg's opponents, GRPO
     groups, credit and filter; what ``ludic train`` trains on and what a pipeline actor pushes."""
-    from ludic.recipes.tictactoe_opponents import opponent_metrics, opponent_requests
+    from ludic.tictactoe.opponents import opponent_metrics, opponent_requests
     from ludic.training.algorithms import algorithm_for
 
     factory = make_protocol_factory(client, cfg.ctx, cfg.train_temperature, cfg.max_completion_tokens,
@@ -289,7 +289,7 @@ async def _evaluate(cfg: EvalTicTacToeConfig) -> dict[str, float]:
 
 
 async def _evaluate_exact(cfg: EvalTicTacToeConfig, client: ChatClient) -> dict[str, float]:
-    from ludic.eval.tictactoe_exact import exact_eval
+    from ludic.tictactoe.exact import exact_eval
 
     result = await exact_eval(client, ctx=cfg.ctx, system_prompt=cfg.system_prompt, compact=cfg.compact,
                               show_moves=cfg.show_moves, parser=answer_parser(cfg.answer),

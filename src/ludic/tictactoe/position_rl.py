@@ -24,13 +24,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import ludic.envs.tictactoe as ttt
+import ludic.tictactoe.board as ttt
+from ludic.tictactoe.env import format_observation
 from ludic.agents.agent import Agent
-from ludic.envs.tictactoe_positions import board_to_string
+from ludic.tictactoe.positions import board_to_string
 from ludic.inference.client import ChatClient
 from ludic.interaction import SingleAgentProtocol
 from ludic.parsers import Parser
-from ludic.recipes.tictactoe_game import answer_parser, make_agent
+from ludic.tictactoe.prompts import answer_parser, make_agent
 from ludic.training.config import TrainerConfig
 from ludic.types import EnvSpec, RolloutRequest
 
@@ -63,7 +64,7 @@ async def greedy_moves(client: ChatClient, boards: Sequence[ttt.Board], view: Vi
     async def one(board: ttt.Board) -> int | None:
         agent = view.agent(client, temperature=0.0)
         agent.reset()
-        agent.observe(ttt.format_observation(board, ttt.to_move(board), None, None, view.compact, view.show_moves))
+        agent.observe(format_observation(board, ttt.to_move(board), None, None, view.compact, view.show_moves))
         turn = await agent.act()
         move = ttt.parse_coord(turn.parse.action) if turn.parse.action is not None else None
         return move if move is not None and board[move] == ttt.EMPTY else None

@@ -52,11 +52,9 @@ from typing import Any, Callable, Hashable
 
 from ludic.agents.agent import Agent, AgentTurn
 from ludic.context import make_context
-from ludic.envs.tictactoe import (
-    EMPTY_BOARD, TICTACTOE_RULES, Board, TicTacToeEnv, best_moves, format_observation, is_over, judge_move,
-    opponent_distribution, opponent_note, optimal_moves, play, reachable_positions, to_move,
-)
-from ludic.envs.tictactoe_positions import board_to_string
+from ludic.tictactoe.board import EMPTY_BOARD, TICTACTOE_RULES, Board, best_moves, is_over, opponent_distribution, optimal_moves, play, reachable_positions, to_move
+from ludic.tictactoe.env import TicTacToeEnv, format_observation, judge_move, opponent_note
+from ludic.tictactoe.positions import board_to_string
 from ludic.inference.client import ChatClient, ChatRequest, ChatResponse, SamplingParams
 from ludic.parsers import Parser, think_move_parser
 from ludic.progress import Progress
