@@ -7,14 +7,8 @@ from conftest import require
 
 pyspiel = require("pyspiel")
 
-from ludic.envs.openspiel import (  # noqa: E402
-    GAMES,
-    RETRY_MESSAGE,
-    OpenSpielEnv,
-    decode_task,
-    parse_action,
-    task_id_for,
-)
+from ludic.envs.openspiel import RETRY_MESSAGE, OpenSpielEnv, parse_action  # noqa: E402
+from ludic.envs.openspiel_suite import GAMES, decode_task, task_id_for  # noqa: E402
 
 NAMED = ("kuhn_poker", "tic_tac_toe", "connect_four")
 

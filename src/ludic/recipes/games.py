@@ -129,7 +129,7 @@ def parse_games(spec: str) -> list[dict[str, Any]]:
     """``"kuhn_poker,200000000,index:1,trace"`` -> one entry per game: a pyspiel name, a task id, a
     game index of the task list (``index:<i>``: a fresh config variant every episode), or ``trace``
     (the code-trace task)."""
-    from ludic.envs.openspiel import GAMES
+    from ludic.envs.openspiel_suite import GAMES
 
     out: list[dict[str, Any]] = []
     for part in [p.strip() for p in spec.split(",") if p.strip()]:
@@ -150,7 +150,7 @@ def parse_games(spec: str) -> list[dict[str, Any]]:
 
 
 def game_name(kwargs: dict[str, Any]) -> str:
-    from ludic.envs.openspiel import GAMES, decode_task
+    from ludic.envs.openspiel_suite import GAMES, decode_task
 
     if "trace" in kwargs:
         return "trace"
@@ -161,7 +161,7 @@ def game_name(kwargs: dict[str, Any]) -> str:
 
 def env_spec(cfg: Any, game: dict[str, Any], rng: random.Random | None = None) -> EnvSpec:
     """The env of one episode of ``game`` under ``cfg`` (an ``index:`` game draws its config variant)."""
-    from ludic.envs.openspiel import TASK_BLOCK
+    from ludic.envs.openspiel_suite import TASK_BLOCK
 
     if "trace" in game:
         return EnvSpec("trace", {})
@@ -261,7 +261,7 @@ class GameRequests:
         return {k: v for k, v in spec.kwargs.items() if k not in ("opponent", "mcts")} | {"kind": spec.kind}
 
     def _staged(self, task: dict[str, Any]) -> EnvSpec:
-        from ludic.envs.openspiel import MCTS_PRESETS, decode_task
+        from ludic.envs.openspiel_suite import MCTS_PRESETS, decode_task
 
         kwargs = {k: v for k, v in task.items() if k != "kind"}
         if task["kind"] != "openspiel" or self.curriculum is None:
@@ -454,7 +454,8 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
     if cfg.opponent not in ("random", "mcts", "self", "league"):
         raise ValueError(f"--opponent must be random, mcts, self or league, got {cfg.opponent!r}")
     if cfg.opponent == "league":
-        from ludic.envs.openspiel import TASK_BLOCK, OpenSpielEnv
+        from ludic.envs.openspiel import OpenSpielEnv
+        from ludic.envs.openspiel_suite import TASK_BLOCK
 
         def players(g: dict[str, Any]) -> int:
             kw = {"task_id": g["index"] * TASK_BLOCK} if "index" in g else g
