@@ -106,7 +106,7 @@ def bench_server(model_dir: Path, ids: list[tuple[int, ...]], max_tokens: int, o
                  dtype: str) -> None:
     import torch
 
-    from ludic.inference.publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher
+    from ludic.inference.vllm_publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher
     from ludic.inference.vllm_client import VLLMChatClient
 
     with socket.socket() as s:

@@ -13,7 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from ludic.inference.publish import PublishError, VLLMFullWeightsPublisher
+from ludic.inference.publish import PublishError
+from ludic.inference.vllm_publish import VLLMFullWeightsPublisher
 
 WEIGHTS = {"w": torch.zeros(4)}
 ROUTE = "/ludic/upload_weights"

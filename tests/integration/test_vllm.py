@@ -31,7 +31,8 @@ import torch  # noqa: E402
 from ludic.tokenization import render_ids  # noqa: E402
 from ludic.inference.client import ChatRequest, SamplingParams  # noqa: E402
 from ludic.inference.models import load_tokenizer, packaged_model_dir, resolve_dtype  # noqa: E402
-from ludic.inference.publish import PublishError, VLLMAdapterPublisher, VLLMFullWeightsPublisher  # noqa: E402
+from ludic.inference.publish import PublishError  # noqa: E402
+from ludic.inference.vllm_publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher  # noqa: E402
 from ludic.inference.vllm_launcher import VLLMServerProcess, free_port  # noqa: E402
 from ludic.inference.vllm_client import PolicyVersionError, VLLMChatClient  # noqa: E402
 from ludic.inference.wire import POLICY_ALIAS, VERSION_HEADER  # noqa: E402

@@ -94,7 +94,7 @@ async def make_vllm_training_inference(
     ``GatheringPublisher``: all ranks join the gather, rank 0 pushes the merged full weights (by path on
     one machine, NCCL on GPUs with ``transport="nccl"``)."""
     from ludic.distributed import broadcast_object, is_rank0
-    from ludic.inference.publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher
+    from ludic.inference.vllm_publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher
     from ludic.inference.vllm_client import VLLMChatClient
     from ludic.inference.vllm_launcher import VLLMServerProcess
     from ludic.distributed import is_sharded

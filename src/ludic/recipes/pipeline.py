@@ -103,7 +103,7 @@ async def _run_learner(cfg: Any, parts: PipelineParts, health_fn: Any = None) ->
     logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
     inner = None
     if getattr(cfg, "inference", "transformers") == "vllm":  # push to the server, then announce
-        from ludic.inference.publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher
+        from ludic.inference.vllm_publish import VLLMAdapterPublisher, VLLMFullWeightsPublisher
 
         url = server_url(cfg)
         inner = (VLLMFullWeightsPublisher([url], run_dir / "server_weights") if cfg.full_finetune
