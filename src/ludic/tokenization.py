@@ -106,3 +106,17 @@ def common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
     while n < limit and all(s[n] == first[n] for s in seqs):
         n += 1
     return n
+
+
+def pad_token_id_for(given: int | None, tokenizer: Any, model: Any) -> int:
+    """The padding id: given, else the tokenizer's pad (or eos) id, else the model config's."""
+    if given is not None:
+        return int(given)
+    for src in (tokenizer, getattr(model, "config", None)):
+        for name in ("pad_token_id", "eos_token_id"):
+            v = getattr(src, name, None)
+            if isinstance(v, (list, tuple)):
+                v = v[0] if v else None
+            if isinstance(v, int):
+                return v
+    raise ValueError("Trainer: no padding id: pass pad_token_id= or tokenizer= (its pad or eos id is used)")

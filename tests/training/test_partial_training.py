@@ -56,7 +56,7 @@ def test_lora_top_layers_adapts_only_those_layers(tiny_model_dir):
 
 
 def test_optimizer_is_fused_adamw_with_the_reference_update(tiny_model_dir):
-    from ludic.training.trainer import make_optimizer
+    from ludic.training.precision import make_optimizer
 
     model, _ = load_policy(tiny_model_dir, dtype="float32")
     params = [p for p in model.parameters()]

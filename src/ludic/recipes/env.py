@@ -402,7 +402,8 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.training.algorithms import algorithm_for
     from ludic.training.loggers import logger_names, make_logger
-    from ludic.training.trainer import Trainer, frozen_copy
+    from ludic.training.trainer import Trainer
+    from ludic.training.reference import frozen_copy
 
     logger_names(cfg.logger)
     env = probe_env(cfg.env)

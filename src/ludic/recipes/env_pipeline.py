@@ -34,7 +34,7 @@ def _source(cfg: EnvPipelineConfig, engine: Any, model: Any, tok: Any, run_dir: 
     from ludic.inference.client import SamplingParams
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.training.algorithms import algorithm_for
-    from ludic.training.trainer import frozen_copy
+    from ludic.training.reference import frozen_copy
 
     env = probe_env(cfg.env)
     multi = len(env.agent_ids) > 1

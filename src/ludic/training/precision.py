@@ -36,6 +36,8 @@ from typing import Any
 
 import torch
 
+from ludic.training.config import TrainerConfig
+
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
@@ -127,6 +129,21 @@ class MasterWeights:
             m.copy_(saved)
         self.to_model()
 
+    def snapshot(self, model: Any) -> dict[str, torch.Tensor]:
+        """A copy of the trainable weights, each at full precision (its fp32 master where it has one):
+        what ``restore`` puts back (the trainer's keep-best)."""
+        masters = self.state_dict(model) if self.active else {}
+        return {n: masters.get(n, p).detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    @torch.no_grad()
+    def restore(self, model: Any, state: dict[str, torch.Tensor]) -> None:
+        """Put a ``snapshot`` back: into the model's weights (rounded to their dtype) and the fp32 masters."""
+        for n, p in model.named_parameters():
+            if p.requires_grad:
+                p.copy_(state[n].to(p.dtype))
+        if self.active:
+            self.load_state_dict(model, state)
+
 
 def _move_grad_to_master(p: torch.Tensor) -> None:
     """Post-accumulate-grad hook: add ``p``'s low-precision gradient into its master's fp32 one."""
@@ -154,3 +171,13 @@ class LossScaler:
         self.good_steps += 1
         if self.good_steps >= self.growth_interval:
             self.scale, self.good_steps = self.scale * 2.0, 0
+
+
+def make_optimizer(params: list[Any], cfg: TrainerConfig) -> torch.optim.Optimizer:
+    """AdamW, fused (one kernel over all tensors) where torch has it for these parameters: plain
+    tensors on CPU or CUDA. On CPU torch otherwise loops tensor by tensor: an optimizer step over
+    SmolLM2-135M's top 15 layers measured 554 ms against 36 ms fused, and an SFT step of the
+    recipe 1.56-1.62 s against 1.31-1.47 s. Sharded (DTensor) parameters keep torch's default."""
+    plain = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params)
+    kwargs = {"fused": True} if plain else {}
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, **kwargs)

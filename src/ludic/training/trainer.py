@@ -15,7 +15,10 @@ Before the first step the starting weights are published (``publish_start``). On
     5. checkpoint and log.
 
 Everything algorithm-specific lives in the ``Algorithm`` (credit + LossConfig),
-which the batch source and ``compute_loss`` consume.
+which the batch source and ``compute_loss`` consume. The pieces a step calls live beside it:
+``objective`` (score a micro-batch, apply the loss), ``data_parallel`` (normalisers and gradients summed
+over ranks), ``reference`` (the KL reference policy), ``precision`` (fp32 masters, AdamW, keep-best
+snapshots), ``signal`` (no silent non-learning) and ``checkpoint``.
 """
 
 from __future__ import annotations
@@ -31,79 +34,25 @@ from typing import Any, Awaitable, Callable
 import torch
 
 from ludic import fastpath
-from ludic.distributed import broadcast_float, is_distributed, is_rank0, is_sharded, reduce_floats
+from ludic.distributed import broadcast_float, is_rank0, is_sharded, reduce_floats
 from ludic.inference.models import mark_trained
 from ludic.training.fsdp import full_state_dict
 from ludic.rollouts.batch import BatchSource
 from ludic.training.algorithms import Algorithm
 from ludic.training.frozen_cache import FrozenBottomCache
-from ludic.training.microbatch import MicroBatch, collate, split_by_token_budget, truncate_item
-from ludic.training.scoring import adapters_disabled, score_actions, score_hidden
+from ludic.training.microbatch import collate, split_by_token_budget, truncate_item
 from ludic.training.checkpoint import latest_checkpoint, load_checkpoint, load_master_weights, save_checkpoint
 from ludic.training.config import TrainerConfig
-from ludic.training.losses import LossInputs, compute_loss, refuse_truncated_sampling
+from ludic.training.data_parallel import all_reduce_grads, global_totals, idle_forward_backward, sum_over_ranks
+from ludic.training.losses import refuse_truncated_sampling
 from ludic.training.lora import frozen_bottom_layers
+from ludic.training.objective import SUMMED_STATS, Objective, policy_gradient_objective
+from ludic.tokenization import pad_token_id_for
 from ludic.training.packed import packable
-from ludic.training.precision import MasterWeights
-from ludic.training.value import segment_starts, value_head
+from ludic.training.precision import MasterWeights, make_optimizer
+from ludic.training.reference import frozen_copy, needs_ref_copy, reference_logp
+from ludic.training.signal import no_signal_message, zero_adv_token_share
 from ludic.types import SAWItem
-
-Objective = Callable[[Any, MicroBatch, dict[str, float]], tuple[torch.Tensor, dict[str, torch.Tensor]]]
-
-
-def policy_gradient_objective(
-    trainer: "Trainer", mb: MicroBatch, totals: dict[str, float]
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Score the action tokens and apply ``trainer.algorithm.loss`` (``compute_loss``)."""
-    loss_cfg = trainer.algorithm.loss
-    values = value_old = value_target = None
-    if loss_cfg.needs_values:
-        head = value_head(trainer.model)
-        if head is None:
-            raise ValueError(f"vf_coef={loss_cfg.vf_coef}: the model has no value head (attach_value_head)")
-        logp, entropy, hidden = score_hidden(trainer.model, mb, need_entropy=loss_cfg.needs_entropy,
-                                             bottom=trainer.bottom_cache)
-        values = head(hidden[segment_starts(mb.seg, len(mb.items))])
-        value_old, value_target = (_meta_tensor(mb, key) for key in ("value_old", "value_target"))
-    else:
-        logp, entropy = score_actions(trainer.model, mb, need_entropy=loss_cfg.needs_entropy,
-                                      bottom=trainer.bottom_cache)
-    ref_logp = trainer.ref_logp(mb) if loss_cfg.needs_ref_logp else None
-    old = mb.old_logp
-    if old is None and loss_cfg.needs_old_logp:
-        old = logp.detach()  # offline data: on-policy ratio of 1
-    inp = LossInputs(
-        logp=logp, adv=mb.adv, seg=mb.seg, total_tokens=totals["tokens"], total_segments=totals["segments"],
-        old_logp=old, ref_logp=ref_logp, entropy=entropy, max_tokens=totals["max_tokens"],
-        adv_mean=totals["adv_mean"], adv_std=totals["adv_std"], token_adv=mb.token_adv, seg_weight=mb.seg_weight,
-        same_version=None if mb.versions is None else mb.versions == trainer.policy_version,
-        values=values, value_old=value_old, value_target=value_target,
-    )
-    return compute_loss(inp, loss_cfg)
-
-
-def _meta_tensor(mb: MicroBatch, key: str) -> torch.Tensor:
-    """[S] float of ``item.meta[key]`` (a credit assigner's per-turn extra, e.g. GAE's value target)."""
-    missing = [i for i, it in enumerate(mb.items) if key not in it.meta]
-    if missing:
-        raise ValueError(f"item {missing[0]} of the micro-batch has no meta[{key!r}]: the value loss needs a credit "
-                         f"assigner that gives per-turn value targets (GAE) and one item per turn")
-    return torch.tensor([float(it.meta[key]) for it in mb.items], dtype=torch.float32, device=mb.adv.device)
-
-
-# Stats from compute_loss that are this micro-batch's share of a batch total (summed);
-# every other stat is a per-token mean (averaged, weighted by tokens).
-_SUMMED = {"loss", "policy_loss", "kl_loss", "entropy_loss", "value_loss", "sampler_tokens"}
-
-
-def make_optimizer(params: list[Any], cfg: TrainerConfig) -> torch.optim.Optimizer:
-    """AdamW, fused (one kernel over all tensors) where torch has it for these parameters: plain
-    tensors on CPU or CUDA. On CPU torch otherwise loops tensor by tensor: an optimizer step over
-    SmolLM2-135M's top 15 layers measured 554 ms against 36 ms fused, and an SFT step of the
-    recipe 1.56-1.62 s against 1.31-1.47 s. Sharded (DTensor) parameters keep torch's default."""
-    plain = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params)
-    kwargs = {"fused": True} if plain else {}
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, **kwargs)
 
 
 class Trainer:
@@ -167,10 +116,10 @@ class Trainer:
         self.logger = logger
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.tokenizer = tokenizer
-        if ref_model is None and _needs_ref_copy(model, algorithm):
+        if ref_model is None and needs_ref_copy(model, algorithm):
             ref_model = frozen_copy(model)
         self.ref_model = ref_model
-        self.pad_token_id = _pad_id(pad_token_id, tokenizer, model)
+        self.pad_token_id = pad_token_id_for(pad_token_id, tokenizer, model)
         self.evaluator, self.eval_every, self.keep_best = evaluator, eval_every, keep_best
         self.best: dict[str, Any] = {}
         """With ``keep_best``: ``{"step", "metric", "value", "eval", "last_step", "last_eval"}`` of the best
@@ -242,7 +191,9 @@ class Trainer:
         if reduce_floats([len(items)])[0] == 0:  # no trainable item on any rank
             return self._empty_step(metrics)
         self.empty_streak = 0
-        self._count_signal(items, metrics)
+        share = zero_adv_token_share(items)
+        self.no_signal_streak = self.no_signal_streak + 1 if share == 1.0 else 0
+        metrics.update(zero_adv_token_share=share, no_signal_streak=self.no_signal_streak)
         metrics.update(self.optimize_batch(items))
         self._adapt_kl(metrics, len(items))
         self.scheduler.step()
@@ -257,40 +208,8 @@ class Trainer:
         if self.logger is not None:
             self.logger.log(self.step, metrics)
         if self.cfg.max_no_signal_steps and self.no_signal_streak >= self.cfg.max_no_signal_steps:
-            raise RuntimeError(self._no_signal_message(metrics))
+            raise RuntimeError(no_signal_message(self.no_signal_streak, metrics))
         return metrics
-
-    def _count_signal(self, items: list[SAWItem], metrics: dict[str, Any]) -> None:
-        """``zero_adv_token_share`` of the admitted action tokens (over all ranks), and the streak of
-        steps in which it was 1: nothing to learn from."""
-        zero = total = 0
-        for it in items:
-            total += it.num_action_tokens
-            if it.token_weights is None:  # one weight for the item: no per-token pass
-                zero += it.num_action_tokens if it.weight == 0.0 else 0
-            else:
-                mask = it.action_mask or (1,) * len(it.completion_ids)
-                zero += sum(1 for m, w in zip(mask, it.token_weights) if m and w == 0.0)
-        zero, total = reduce_floats([zero, total])
-        share = zero / total if total else 1.0
-        self.no_signal_streak = self.no_signal_streak + 1 if share == 1.0 else 0
-        metrics.update(zero_adv_token_share=share, no_signal_streak=self.no_signal_streak)
-
-    def _no_signal_message(self, metrics: dict[str, Any]) -> str:
-        groups = metrics.get("zero_var_group_share")
-        why = (f"every group had zero variance (zero_var_group_share={groups:.2f}: all its episodes scored the "
-               "same), so " if groups is not None else "")
-        return (
-            f"{self.no_signal_streak} steps in a row had no learning signal: {why}every advantage was 0 and the "
-            "policy gradient was 0 (last batch: "
-            f"{ {k: metrics[k] for k in ('reward_mean', 'parse_error_rate', 'failed_rate') if k in metrics} }).\n"
-            "Likely causes: a format the model never produces (its replies never parse or never contain the "
-            "tag the reward looks for: read rollouts.jsonl), a reward that never varies on these prompts (too "
-            "hard: every episode fails; too easy: every one succeeds), or groups of one.\n"
-            "Fixes: a format cold start (a short SFT on example replies before RL: --format-demos, or "
-            "format_demos= in Python), an easier task or curriculum, a larger group or a higher temperature. "
-            "max_no_signal_steps sets this limit (0: never stop)."
-        )
 
     def _adapt_kl(self, metrics: dict[str, Any], n_items: int) -> None:
         """The adaptive KL controller (``TrainerConfig.kl_target``): move ``kl_coef`` toward the
@@ -397,9 +316,11 @@ class Trainer:
 
     def _optimize(self, items: list[SAWItem]) -> dict[str, Any]:
         t0 = time.perf_counter()
-        self._check_sampling(items)
+        loss_cfg = getattr(self.algorithm, "loss", None)
+        if loss_cfg is not None and loss_cfg.uses_importance_ratio:  # not against top-p / top-k log-probs
+            refuse_truncated_sampling(items, loss_cfg.kind)
         self.model.train()
-        totals = self._global_totals(items)
+        totals = global_totals(items, self.cfg.norm_max_tokens)
         metrics: dict[str, Any] = {"num_items": len(items), "action_tokens": totals["tokens"]}
         sums: dict[str, float] = {}
         tok_weighted: dict[str, float] = {}
@@ -416,19 +337,19 @@ class Trainer:
             n_tok += n
             for k, v in stats.items():
                 val = float(v)
-                if k in _SUMMED:
+                if k in SUMMED_STATS:
                     sums[k] = sums.get(k, 0.0) + val
                 elif k != "num_tokens":
                     tok_weighted[k] = tok_weighted.get(k, 0.0) + val * n
         if not items and is_sharded(self.model) and totals["segments_raw"] > 0:
-            self._idle_forward_backward()  # FSDP's all-gathers / reduce-scatters need every rank
-        self._all_reduce_grads()
+            idle_forward_backward(self.model, self.pad_token_id, self.device)  # FSDP's all-gathers / reduce-scatters need every rank
+        all_reduce_grads(self.model, self.optimizer)
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         grad_norm = torch.tensor(0.0)
         if totals["segments_raw"] > 0 and self.masters.unscale_and_check():  # every rank steps, in lockstep
             grads = [p.grad for p in params if p.grad is not None]
             grad_norm = torch.nn.utils.get_total_norm(grads) if grads else grad_norm  # the same on every rank
-            loss = self._sum_over_ranks({"loss": sums.get("loss", 0.0)}).get("loss", 0.0)
+            loss = sum_over_ranks({"loss": sums.get("loss", 0.0)}).get("loss", 0.0)
             norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
             if bool(torch.isfinite(norm)) and math.isfinite(loss):
                 torch.nn.utils.clip_grads_with_norm_(params, self.cfg.max_grad_norm, grad_norm)
@@ -447,7 +368,7 @@ class Trainer:
         metrics.update(nonfinite_streak=self.nonfinite_streak, nonfinite_total=self.nonfinite_total)
         lr = self.scheduler.get_last_lr()[0]
         dt = time.perf_counter() - t0
-        metrics.update(self._sum_over_ranks(sums))
+        metrics.update(sum_over_ranks(sums))
         metrics.update({k: v / max(n_tok, 1) for k, v in tok_weighted.items()})
         metrics.update(
             grad_norm=float(grad_norm), lr=lr, train_s=dt, train_tokens=train_tokens,
@@ -469,85 +390,9 @@ class Trainer:
                 "rate that made the policy diverge, or fp16 without room in its range. max_nonfinite_steps sets "
                 "the limit.")
 
-    def _sum_over_ranks(self, sums: dict[str, float]) -> dict[str, float]:
-        """The summed stats (loss terms with whole-batch normalisers) of the global batch: the loss a
-        distributed step logs is the single-process loss, not this rank's share."""
-        if not is_distributed():
-            return sums
-        keys = sorted(_SUMMED)
-        t = reduce_floats([sums.get(k, 0.0) for k in keys] + [float(k in sums) for k in keys])
-        n = len(keys)
-        return {k: float(t[i]) for i, k in enumerate(keys) if t[n + i] > 0}
-
-    def _check_sampling(self, items: list[SAWItem]) -> None:
-        """Refuse importance ratios against truncated (top-p / top-k) sampler distributions."""
-        loss = getattr(self.algorithm, "loss", None)
-        if loss is not None and loss.uses_importance_ratio:
-            refuse_truncated_sampling(items, loss.kind)
-
     def ref_logp(self, mb: Any) -> torch.Tensor:
         """Reference-policy log-probs of the action tokens (frozen ``ref_model``, or the base with LoRA off)."""
-        return self._ref_logp(mb)
-
-    def _global_totals(self, items: list[SAWItem]) -> dict[str, float]:
-        weights = [it.weight for it in items]
-        tokens, segs, s1, s2, n_items = reduce_floats([
-            sum(it.num_action_tokens for it in items),
-            sum(it.episode_share for it in items),  # episodes: each counts once
-            sum(weights),
-            sum(w * w for w in weights),
-            len(items),
-        ])
-        longest = reduce_floats([max((it.num_action_tokens for it in items), default=1)], op="max")[0]
-        mean = s1 / n_items if n_items else 0.0
-        var = max(s2 / n_items - mean * mean, 0.0) if n_items else 0.0
-        return {
-            "tokens": max(tokens, 1.0), "segments": max(segs, 1.0), "segments_raw": n_items,
-            "max_tokens": float(self.cfg.norm_max_tokens or longest),
-            "adv_mean": mean, "adv_std": math.sqrt(var),
-        }
-
-    def _ref_logp(self, mb: Any) -> torch.Tensor:
-        with torch.no_grad():
-            if self.ref_model is not None:
-                return score_actions(self.ref_model, mb)[0]
-            with adapters_disabled(self.model):
-                return score_actions(self.model, mb)[0]
-
-    def _all_reduce_grads(self) -> None:
-        """Sum gradients over ranks (plain data parallel; FSDP reduce-scatters its own mean, made a sum here).
-
-        Every rank takes part, also one that had no items: its gradient is zero.
-        """
-        if not is_distributed():
-            return
-        import torch.distributed as dist
-
-        if is_sharded(self.model):  # FSDP reduce-scattered the mean; the normalisers want the sum
-            world = dist.get_world_size()
-            for p in self.model.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(world)
-            return
-
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in params]
-        flat = torch.cat([g.reshape(-1).float() for g in grads])
-        dist.all_reduce(flat)
-        offset = 0
-        for g in grads:
-            n = g.numel()
-            g.copy_(flat[offset : offset + n].view_as(g).to(g.dtype))
-            offset += n
-
-    def _idle_forward_backward(self) -> None:
-        """A zero-weight forward/backward on one token, so a rank without items joins FSDP's collectives."""
-        ids = torch.full((1, 2), self.pad_token_id, dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids))
-        (out.logits.float().sum() * 0.0).backward()
+        return reference_logp(self.model, self.ref_model, mb)
 
     # -- loop, checkpoints --------------------------------------------------------
     async def train(
@@ -593,22 +438,14 @@ class Trainer:
             self.best.update(last_step=self.step, last_eval=result)
             if not self.best.get("eval") or result[key] > self.best["value"]:
                 self.best.update(step=self.step, metric=key, value=float(result[key]), eval=result)
-                self._best_state = {n: (p.detach().clone() if m is None else m.detach().clone())
-                                    for n, p, m in self._trainable_with_masters()}
+                self._best_state = self.masters.snapshot(self.model)
         return out
-
-    def _trainable_with_masters(self) -> list[tuple[str, torch.Tensor, torch.Tensor | None]]:
-        masters = self.masters.state_dict(self.model) if self.masters.active else {}
-        return [(n, p, masters.get(n)) for n, p in self.model.named_parameters() if p.requires_grad]
 
     @torch.no_grad()
     def _restore_best(self) -> None:
         """Load the best evaluation's trainable weights (fp32 masters too) and publish them."""
         assert self._best_state is not None
-        for n, p, _ in self._trainable_with_masters():
-            p.copy_(self._best_state[n].to(p.dtype))
-        if self.masters.active:
-            self.masters.load_state_dict(self.model, self._best_state)
+        self.masters.restore(self.model, self._best_state)
         mark_trained(self.model)  # an in-process engine refreshes its decode view
         self.policy_version += 1
         if self.publisher is not None:
@@ -658,36 +495,3 @@ class Trainer:
             self.source.load_state_dict(state["source_state"])
         self.started = False  # the resumed weights are published before the next rollout
         return True
-
-
-
-
-def _pad_id(given: int | None, tokenizer: Any, model: Any) -> int:
-    """The padding id: given, else the tokenizer's pad (or eos) id, else the model config's."""
-    if given is not None:
-        return int(given)
-    for src in (tokenizer, getattr(model, "config", None)):
-        for name in ("pad_token_id", "eos_token_id"):
-            v = getattr(src, name, None)
-            if isinstance(v, (list, tuple)):
-                v = v[0] if v else None
-            if isinstance(v, int):
-                return v
-    raise ValueError("Trainer: no padding id: pass pad_token_id= or tokenizer= (its pad or eos id is used)")
-
-
-def _needs_ref_copy(model: Any, algorithm: Any) -> bool:
-    loss = getattr(algorithm, "loss", None)
-    return bool(loss is not None and loss.needs_ref_logp and not hasattr(model, "disable_adapter"))
-
-
-def frozen_copy(model: Any) -> Any:
-    """A frozen, eval-mode copy of ``model``: the reference policy of a full fine-tuning run, the fixed
-    opponent of ``ludic train env`` on a multi-player env."""
-    import copy
-
-    ref = copy.deepcopy(model)
-    ref.eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref

@@ -1,0 +1,41 @@
+"""No silent non-learning: the share of trained tokens whose advantage is 0, and the error a run stops with
+after ``TrainerConfig.max_no_signal_steps`` steps in a row without any signal (``Trainer.train_step``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ludic.distributed import reduce_floats
+from ludic.types import SAWItem
+
+
+def zero_adv_token_share(items: list[SAWItem]) -> float:
+    """The share of the admitted action tokens (over all ranks) whose weight is 0; 1.0 for no tokens."""
+    zero = total = 0
+    for it in items:
+        total += it.num_action_tokens
+        if it.token_weights is None:  # one weight for the item: no per-token pass
+            zero += it.num_action_tokens if it.weight == 0.0 else 0
+        else:
+            mask = it.action_mask or (1,) * len(it.completion_ids)
+            zero += sum(1 for m, w in zip(mask, it.token_weights) if m and w == 0.0)
+    zero, total = reduce_floats([zero, total])
+    return zero / total if total else 1.0
+
+
+def no_signal_message(streak: int, metrics: dict[str, Any]) -> str:
+    """Why ``streak`` steps in a row trained nothing, and what to change."""
+    groups = metrics.get("zero_var_group_share")
+    why = (f"every group had zero variance (zero_var_group_share={groups:.2f}: all its episodes scored the "
+           "same), so " if groups is not None else "")
+    return (
+        f"{streak} steps in a row had no learning signal: {why}every advantage was 0 and the "
+        "policy gradient was 0 (last batch: "
+        f"{ {k: metrics[k] for k in ('reward_mean', 'parse_error_rate', 'failed_rate') if k in metrics} }).\n"
+        "Likely causes: a format the model never produces (its replies never parse or never contain the "
+        "tag the reward looks for: read rollouts.jsonl), a reward that never varies on these prompts (too "
+        "hard: every episode fails; too easy: every one succeeds), or groups of one.\n"
+        "Fixes: a format cold start (a short SFT on example replies before RL: --format-demos, or "
+        "format_demos= in Python), an easier task or curriculum, a larger group or a higher temperature. "
+        "max_no_signal_steps sets this limit (0: never stop)."
+    )
