@@ -92,7 +92,7 @@ def main(root: str, larger: str | None = None) -> None:
 
 
 def larger_table(d: Path) -> None:
-    from ludic.recipes.env import summarize
+    from ludic.recipes.env_setup import summarize
     from ludic.types import Rollout
 
     def load(path: Path) -> dict:

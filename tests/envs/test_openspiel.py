@@ -167,7 +167,8 @@ def test_a_reply_cut_by_the_token_limit_still_reaches_the_env(scripted, tokenize
     a forfeit), not an agent-side format failure retried until max_steps (60 model calls a game)."""
     import asyncio
 
-    from ludic.recipes.games import TrainGamesConfig, protocols
+    from ludic.recipes.games import TrainGamesConfig
+    from ludic.recipes.games_setup import protocols
     from ludic.types import FinishReason
 
     client = scripted(["I think the best move here is"], tokenizer, finish=FinishReason.LENGTH)

@@ -253,7 +253,8 @@ def test_exploitability_reads_the_prompt_the_agent_is_sampled_from(tiny_model_di
     from ludic.envs.openspiel import OpenSpielEnv
     from ludic.eval.games import turn_messages
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.recipes.games import TrainGamesConfig, protocols
+    from ludic.recipes.games import TrainGamesConfig
+    from ludic.recipes.games_setup import protocols
     from ludic.training.lora import load_policy
 
     model, tok = load_policy(tiny_model_dir, dtype="float32")
@@ -272,7 +273,8 @@ def test_the_original_json_configs_map_onto_flags_with_warnings_and_unknown_fiel
     from pathlib import Path
 
     from ludic.config import parse_config
-    from ludic.recipes.games import TrainGamesConfig, parse_games
+    from ludic.recipes.games import TrainGamesConfig
+    from ludic.recipes.games_setup import parse_games
     from ludic.recipes.games_config import original_config_argv
 
     root = Path(__file__).resolve().parents[2] / "configs" / "games"

@@ -24,6 +24,9 @@ or a .txt, one per line: a teacher answers each turn with one of them) or a func
 through the same agent and chat template, runs before RL. Use it when the model never writes the
 format the env reads: the trainer stops after ``max_no_signal_steps`` steps without any learning
 signal and says so.
+
+The env side (``EnvConfig``, the protocols, the episode metrics and the held-out evaluation) is in
+``ludic.recipes.env_setup``, which the env pipeline (``recipes.env_pipeline``) shares.
 """
 
 from __future__ import annotations
@@ -31,53 +34,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import random
-import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from ludic.envs.registry import import_attr
-from ludic.errors import UsageError
 from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock, load_policy_for
+from ludic.recipes.env_setup import (EVAL_SEED_BASE, EnvConfig, env_metrics, eval_requests, evaluate_episodes,
+                                     format_summary, probe_env, protocols, register_python_env)
 from ludic.training.config import TrainerConfig
-from ludic.types import EnvSpec, Rollout, RolloutRequest
+from ludic.types import EnvSpec, RolloutRequest
 
-EVAL_SEED_BASE = 1_000_000_000
-"""Evaluation episodes use env seeds from here up; training seeds are drawn below it."""
 FORMAT_DEMO_EPISODES = 32
-
-
-@dataclass
-class EnvConfig:
-    """Env: which environment, and how the agent sees and answers it (train env and eval env)."""
-
-    env: str = ""
-    """An env kind: registered name | textarena:ID | reasoning_gym:NAME | gem:ID | gym:ID | module:factory."""
-    env_kwargs: str = ""
-    """JSON object of keyword arguments for the env factory, e.g. '{"config": {"min_animals": 2}}'."""
-    system_prompt: str | None = None
-    """Default: the env's ``suggested_sysprompt`` (none for most)."""
-    context: str = "auto"
-    """full | last | truncated | auto (the env's ``preferred_context``, else full)."""
-    max_turns: int = 0
-    """Turn limit per episode; 0: the env's own (``LudicEnv.max_turns``, else 10)."""
-    max_completion_tokens: int = 64
-    opponent: str = "self"
-    """Multi-player envs: self (self-play, every seat trains) | frozen (the starting policy, frozen)."""
-
-    def kwargs(self) -> dict[str, Any]:
-        if not self.env_kwargs:
-            return {}
-        try:
-            out = json.loads(self.env_kwargs)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"--env-kwargs is not JSON ({e}): {self.env_kwargs!r}") from e
-        if not isinstance(out, dict):
-            raise UsageError(f"--env-kwargs must be a JSON object, got {self.env_kwargs!r}")
-        return out
 
 
 @dataclass
@@ -110,151 +80,6 @@ class EvalEnvConfig(ModelBlock):
     temperature: float = 0.0
     out: str = "env_eval.jsonl"
     seed: int = 0
-
-
-# ----------------------------------------------------------------------------------------------- env
-
-
-def register_python_env(env: Any) -> str:
-    """Register an env class, factory or instance's class under a kind of its own; returns the kind."""
-    from ludic.envs.base import LudicEnv
-    from ludic.envs.registry import register_env
-
-    factory = type(env) if isinstance(env, LudicEnv) else env
-    if not callable(factory):
-        raise TypeError(f"env must be a kind string, a LudicEnv class or a factory; got {type(env).__name__}")
-    kind = f"python:{getattr(factory, '__module__', '?')}.{getattr(factory, '__qualname__', id(factory))}"
-    register_env(kind, factory)
-    return kind
-
-
-def probe_env(opts: EnvConfig) -> Any:
-    """One env built from the spec (its agents, limits and preferred context); errors name the spec."""
-    from ludic.envs.registry import make_env
-
-    if not opts.env:
-        raise UsageError("--env is required: a registered name, textarena:ID, reasoning_gym:NAME, gem:ID or module:factory")
-    try:
-        return make_env(EnvSpec(opts.env, opts.kwargs()))
-    except KeyError as e:
-        raise UsageError(str(e.args[0]) if e.args else str(e)) from e
-
-
-def _eval_kwargs(opts: EnvConfig) -> dict[str, Any]:
-    """Held-out episodes: an env with its own split (reasoning-gym) takes split='eval'."""
-    kw = opts.kwargs()
-    if opts.env.startswith("reasoning_gym:"):
-        kw.setdefault("split", "eval")
-    return kw
-
-
-def make_agent(client: Any, opts: EnvConfig, env: Any, sampling: Any) -> Any:
-    from ludic.agents.agent import Agent
-    from ludic.context import make_context
-
-    ctx = opts.context if opts.context != "auto" else getattr(env, "preferred_context", "full")
-    return Agent(client, make_context(ctx, opts.system_prompt), sampling=sampling, reject_incomplete=False)
-
-
-def protocols(policy: Any, opts: EnvConfig, env: Any, sampling: Any, frozen: Any = None,
-              frozen_sampling: Any = None) -> dict[str, Callable[[], Any]]:
-    """Protocol factories by key: ``single_agent``; for multi-player envs ``self`` (every seat the policy)
-    and ``seat<k>`` (the policy at seat k, the frozen client at the others)."""
-    from ludic.interaction import MultiAgentProtocol, SingleAgentProtocol
-
-    ids = env.agent_ids
-    if len(ids) == 1:
-        return {"single_agent": lambda: SingleAgentProtocol(make_agent(policy, opts, env, sampling))}
-    out: dict[str, Callable[[], Any]] = {
-        "self": lambda: MultiAgentProtocol({a: make_agent(policy, opts, env, sampling) for a in ids})}
-    if frozen is not None:
-        for k, seat in enumerate(ids):
-            def factory(seat: str = seat) -> Any:
-                agents = {a: make_agent(policy if a == seat else frozen, opts, env,
-                                        sampling if a == seat else (frozen_sampling or sampling)) for a in ids}
-                return MultiAgentProtocol(agents, frozen=[a for a in ids if a != seat])
-            out[f"seat{k}"] = factory
-    return out
-
-
-# ------------------------------------------------------------------------------------------ metrics
-
-
-def episode_success(r: Rollout) -> float:
-    """``info["success"]`` of the last step (or any step), else 1 for a positive total reward."""
-    for s in reversed(r.steps):
-        if "success" in s.info:
-            return float(s.info["success"])
-    return float(r.total_reward > 0)
-
-
-_NOT_ENV_INFO = {"success", "batch_size", "parse_error", "incomplete_completion", "inference_error"}
-"""Step-info keys the agent and the engine add (not the env's own)."""
-
-
-def env_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
-    """The batch's reward and success, and every numeric key of the episodes' last-step info as ``env/<key>``."""
-    done = [r for r in rollouts if not r.meta.get("failed") and r.steps]
-    if not done:
-        return {}
-    out = {"reward_mean": statistics.fmean(r.total_reward for r in done),
-           "reward_std": statistics.pstdev([r.total_reward for r in done]),
-           "success_rate": statistics.fmean(episode_success(r) for r in done),
-           "turns_mean": statistics.fmean(len(r.steps) for r in done)}
-    keys: dict[str, list[float]] = {}
-    for r in done:
-        for k, v in r.steps[-1].info.items():
-            if (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                    and k not in _NOT_ENV_INFO):
-                keys.setdefault(k, []).append(float(v))
-    out.update({f"env/{k}": statistics.fmean(v) for k, v in keys.items() if len(v) == len(done)})
-    return out
-
-
-def summarize(rollouts: Sequence[Rollout]) -> dict[str, Any]:
-    """Success rate with a 95% Wilson interval, mean reward with a normal 95% interval, per episode."""
-    from ludic.eval.stats import Z95, wilson_interval
-
-    trained = [r for r in rollouts if r.meta.get("trainable", True)]
-    ok = [r for r in trained if not r.meta.get("failed")]
-    wins = sum(episode_success(r) >= 1.0 for r in ok)
-    n = len(trained)
-    lo, hi = wilson_interval(wins, n)
-    rewards = [r.total_reward for r in ok] or [0.0]
-    mean = statistics.fmean(rewards)
-    half = Z95 * statistics.pstdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.0
-    return {"episodes": n, "success_rate": wins / n if n else 0.0, "success_ci95_low": lo, "success_ci95_high": hi,
-            "reward_mean": mean, "reward_ci95_low": mean - half, "reward_ci95_high": mean + half,
-            "failed_rate": (n - len(ok)) / n if n else 0.0,
-            "parse_error_rate": statistics.fmean(any(s.parse_error for s in r.steps) for r in ok) if ok else 0.0,
-            "turns_mean": statistics.fmean(len(r.steps) for r in ok) if ok else 0.0}
-
-
-def eval_requests(opts: EnvConfig, env: Any, episodes: int) -> list[RolloutRequest]:
-    """Held-out episodes: seeds from ``EVAL_SEED_BASE``, the env's eval split; multi-player envs alternate
-    the policy's seat against the frozen one (``seat<k>`` protocols)."""
-    n_seats = len(env.agent_ids)
-    spec = EnvSpec(opts.env, _eval_kwargs(opts))
-    return [RolloutRequest(spec, protocol="single_agent" if n_seats == 1 else f"seat{i % n_seats}",
-                           env_seed=EVAL_SEED_BASE + i, sampling_seed=i, max_steps=opts.max_turns or None)
-            for i in range(episodes)]
-
-
-async def evaluate_episodes(protos: dict[str, Callable[[], Any]], reqs: list[RolloutRequest],
-                            out: Path | None = None, desc: str = "eval") -> dict[str, Any]:
-    from ludic.rollouts.engine import RolloutEngine
-
-    engine = RolloutEngine(protos, concurrency=64, jsonl_path=out)
-    if out is not None and out.exists():
-        out.unlink()
-    return summarize(await engine.generate_rollouts(reqs, progress=desc))
-
-
-def format_summary(name: str, m: dict[str, Any]) -> str:
-    return (f"{name}: success {m['success_rate'] * 100:.1f}% (95% CI {m['success_ci95_low'] * 100:.1f}-"
-            f"{m['success_ci95_high'] * 100:.1f}%), reward {m['reward_mean']:.3f} "
-            f"({m['reward_ci95_low']:.3f} to {m['reward_ci95_high']:.3f}) on {m['episodes']} episodes, "
-            f"{m['turns_mean']:.1f} turns, failed {m['failed_rate'] * 100:.1f}%")
 
 
 # ---------------------------------------------------------------------------------- format cold start

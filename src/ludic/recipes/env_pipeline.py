@@ -22,7 +22,8 @@ from typing import Any
 from ludic.errors import UsageError
 from ludic.recipes import pipeline
 from ludic.recipes.blocks import PipelineBlock, load_policy_for
-from ludic.recipes.env import TrainEnvConfig, probe_env, protocols, rollout_source, trainer_config
+from ludic.recipes.env import TrainEnvConfig, rollout_source, trainer_config
+from ludic.recipes.env_setup import probe_env, protocols
 
 
 @dataclass

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from ludic.recipes import pipeline
-from ludic.recipes.common import default_run_dir
 from ludic.recipes.pipeline import PipelineParts
 from ludic.tictactoe.train import TrainTicTacToeConfig, load_train_policy, rollout_source, trainer_config
 
@@ -52,7 +51,7 @@ def run_local(cfg: TrainTicTacToeConfig) -> dict[str, Any]:
     if cfg.overlap and cfg.pipeline:
         raise ValueError(f"--overlap runs one actor thread in this process; --pipeline {cfg.pipeline} runs actor "
                          "processes: choose one")
-    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir(
+    run_dir = cfg.resolve_run_dir(
         f"tictactoe-{'overlap' if cfg.overlap else 'pipeline'}-{cfg.algorithm}")
     cfg = replace(cfg, run_dir=str(run_dir))
     if cfg.overlap and cfg.trainer.max_lag is None:

@@ -97,7 +97,6 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     """Evaluate the base model first (exact, every branch), for the report's first row."""
     fast_path: bool = True
     """Ludic's hand-written CPU fast path (``ludic.fastpath``); --no-fast-path: stock transformers, peft, SDPA."""
-    seed: int = 0
 
 
 def recipe(cfg: RecipeConfig) -> dict[str, Any]:
@@ -116,7 +115,6 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.data.offline import OfflineBatchSource, sft_item
     from ludic.tictactoe.synth import teacher_position_records, teacher_positions
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.recipes.common import default_run_dir
     from ludic.tictactoe.position_rl import PositionGRPO, PositionRLConfig, View
     from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
@@ -129,7 +127,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     logger_names(cfg.logger)  # a typo fails now, not after the base evaluation
     if not cfg.system_prompt:
         raise ValueError("--system-prompt must be non-empty (an empty one would fall back to the env's long rules)")
-    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir("recipe-tictactoe")
+    run_dir = cfg.resolve_run_dir("recipe-tictactoe")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
     clock = Clock(cfg.budget_minutes)

@@ -80,7 +80,7 @@ async def _seed_recipe(cfg: SeedRecipeConfig) -> dict[str, Any]:
     from ludic.recipes.sft import SFTConfig, sft_stage
     from ludic.tictactoe.train import TrainTicTacToeConfig, grpo_stage
     from ludic.tictactoe.prompts import SYSTEM_PROMPT
-    from ludic.recipes.common import Clock, default_run_dir, machine
+    from ludic.recipes.common import Clock, machine
     from ludic.training.config import TrainerConfig
     from ludic.training.loggers import logger_names, make_logger
     from ludic.training.lora import LoraSettings, apply_lora
@@ -88,7 +88,7 @@ async def _seed_recipe(cfg: SeedRecipeConfig) -> dict[str, Any]:
     logger_names(cfg.logger)  # a typo fails now, not after the first stage
     if cfg.ctx not in ("truncated", "full"):
         raise ValueError(f"the seed workflow runs with ctx truncated (or full), got {cfg.ctx!r}")
-    run_dir = Path(cfg.run_dir) if cfg.run_dir else default_run_dir("recipe-tictactoe-seed")
+    run_dir = cfg.resolve_run_dir("recipe-tictactoe-seed")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
     clock = Clock(0)
