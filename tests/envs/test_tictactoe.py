@@ -508,10 +508,9 @@ def test_game_real_win_is_not_marked_as_a_forfeit():
 
 
 def test_move_kind_has_one_definition_next_to_the_rules():
-    from ludic.data import synth, thinktactoe
-    from ludic.envs import tictactoe
+    from ludic.tictactoe import board, synth, thinktactoe
 
-    assert synth.move_kind is tictactoe.move_kind and thinktactoe.move_kind is tictactoe.move_kind
+    assert synth.move_kind is board.move_kind and thinktactoe.move_kind is board.move_kind
 
 
 def test_move_kind_win_block_fork_and_position():
