@@ -96,7 +96,7 @@ def test_sdk_round_trip_through_the_standin(standin):
 
 
 def test_tictactoe_grpo_on_the_tinker_backend(standin, tmp_path):
-    from ludic.recipes.tinker import TinkerTicTacToeConfig, train_tinker
+    from ludic.tictactoe.tinker import TinkerTicTacToeConfig, train_tinker
 
     url, model = standin
     run = tmp_path / "run"

@@ -7,11 +7,11 @@
                                                           # offline: Ludic's local stand-in (not Tinker), CPU
 
 Envs, agents, protocols and credit are Ludic's; sampling and the LoRA's training steps go through the
-official `tinker` SDK. Every flag: --help (ludic.recipes.tinker.TinkerTicTacToeConfig).
+official `tinker` SDK. Every flag: --help (ludic.tictactoe.tinker.TinkerTicTacToeConfig).
 """
 
 from ludic.config import parse_config
-from ludic.recipes.tinker import TinkerTicTacToeConfig, train_tinker
+from ludic.tictactoe.tinker import TinkerTicTacToeConfig, train_tinker
 
 if __name__ == "__main__":
     out = train_tinker(parse_config(TinkerTicTacToeConfig, prog="train_tic_tac_toe_tinker.py"))
