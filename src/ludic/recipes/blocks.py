@@ -3,7 +3,7 @@
 A command's config is a dataclass that inherits the blocks it uses and adds only its own fields::
 
     @dataclass
-    class TrainEnvConfig(ModelBlock, LoraBlock, GRPOBlock, RunBlock):
+    class TrainEnvConfig(ModelBlock, LoraBlock, GRPOBlock, TrainRunBlock):
         env: EnvConfig = ...          # a section: a block passed around whole
         trainer: TrainerConfig = ...  # the trainer section (``ludic.training.config``)
         eval_episodes: int = 64       # this command's own fields
@@ -27,6 +27,11 @@ The blocks, in the order a run uses them:
 - ``InferenceBlock`` / ``EvalInferenceBlock``: which engine samples (in process, or a vLLM server);
 - ``PipelineBlock``: the Redis pipeline's actors and learner (``--redis-url``, ``--stream-prefix``, ...);
 - ``OfflineBlock``: SFT and DPO on a dataset (``--data``, ``--epochs``, ``--batch-size``, ...).
+
+Blocks of one family of commands live beside them: ``GamesBlock`` (``recipes.games_setup``: train and
+eval games), ``TicTacToeBlock`` and ``ColdStartBlock`` (``tictactoe.prompts``: the tic-tac-toe commands
+and recipes). ``tests/test_config_blocks.py`` fails when a config copies a block's fields instead of
+inheriting them.
 """
 
 from __future__ import annotations
