@@ -14,6 +14,13 @@ def ludic(*args, timeout=900):
     return subprocess.run([sys.executable, "-m", "ludic", *args], capture_output=True, text=True, timeout=timeout)
 
 
+def train_env(tiny_model_dir, run, *spec):
+    """``ludic train env`` on the tiny model for one step; it must succeed."""
+    proc = ludic("train", "env", *spec, "--model", str(tiny_model_dir), "--run-dir", str(run), *TINY_RUN)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
 TINY_RUN = ("--train-steps", "1", "--group-size", "2", "--prompts-per-step", "2", "--eval-episodes", "4",
             "--max-completion-tokens", "8", "--max-no-signal-steps", "0", "--logger", "none", "--dtype", "float32")
 
@@ -22,9 +29,7 @@ TINY_RUN = ("--train-steps", "1", "--group-size", "2", "--prompts-per-step", "2"
 def test_train_env_on_a_reasoning_gym_task_and_eval_env_on_its_adapter(tiny_model_dir, tmp_path):
     require("reasoning_gym")
     run = tmp_path / "run"
-    proc = ludic("train", "env", "--env", "reasoning_gym:gcd", "--env-kwargs", '{"config": {"max_value": 20}}',
-                 "--model", str(tiny_model_dir), "--run-dir", str(run), *TINY_RUN)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    train_env(tiny_model_dir, run, "--env", "reasoning_gym:gcd", "--env-kwargs", '{"config": {"max_value": 20}}')
     summary = json.loads((run / "summary.json").read_text())
     for stage in ("base", "trained"):
         m = summary[stage]
@@ -50,9 +55,7 @@ def test_train_env_on_a_reasoning_gym_task_and_eval_env_on_its_adapter(tiny_mode
 def test_train_env_on_a_textarena_two_player_game_against_the_frozen_start(tiny_model_dir, tmp_path):
     require("textarena")
     run = tmp_path / "run"
-    proc = ludic("train", "env", "--env", "textarena:TicTacToe-v0", "--opponent", "frozen",
-                 "--model", str(tiny_model_dir), "--run-dir", str(run), *TINY_RUN)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    train_env(tiny_model_dir, run, "--env", "textarena:TicTacToe-v0", "--opponent", "frozen")
     rollouts = [json.loads(line) for line in (run / "rollouts.jsonl").read_text().splitlines()]
     trained = [r for r in rollouts if r["meta"].get("trainable", True)]
     frozen = [r for r in rollouts if r["meta"].get("trainable") is False]
