@@ -11,7 +11,10 @@ from functools import lru_cache
 import pytest
 
 from ludic.envs.registry import make_env
-from ludic.tictactoe.board import EMPTY_BOARD, TICTACTOE_RULES, best_moves, coord, game_value, is_full, legal_moves, make_opponent, minimax_opponent, mixed_opponent, opponent_distribution, optimal_moves, other, parse_board, parse_coord, play, random_opponent, reachable_positions, render_board, solve, to_move, winner
+from ludic.tictactoe.board import (EMPTY_BOARD, TICTACTOE_RULES, best_moves, coord, game_value, is_full,
+                                   legal_moves, make_opponent, minimax_opponent, mixed_opponent,
+                                   opponent_distribution, optimal_moves, other, parse_board, parse_coord, play,
+                                   random_opponent, reachable_positions, render_board, solve, to_move, winner)
 from ludic.tictactoe.env import TicTacToeEnv, TicTacToeGame
 from ludic.types import EnvSpec
 

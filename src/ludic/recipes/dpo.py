@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from ludic.inference.models import DEFAULT_MODEL
-from ludic.recipes.blocks import LoraBlock, ModelBlock, OfflineBlock, TrainRunBlock, load_policy_for, open_offline_logger
+from ludic.recipes.blocks import (LoraBlock, ModelBlock, OfflineBlock, TrainRunBlock, load_policy_for,
+                                  open_offline_logger)
 from ludic.training.config import TrainerConfig
 
 REFERENCES = ("auto", "base", "copy")

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ludic.recipes.blocks import LoraBlock, ModelBlock, OfflineBlock, TrainRunBlock, load_policy_for, open_offline_logger
+from ludic.recipes.blocks import (LoraBlock, ModelBlock, OfflineBlock, TrainRunBlock, load_policy_for,
+                                  open_offline_logger)
 from ludic.training.config import TrainerConfig
 
 

@@ -52,7 +52,8 @@ from typing import Any, Callable, Hashable
 
 from ludic.agents.agent import Agent, AgentTurn
 from ludic.context import make_context
-from ludic.tictactoe.board import EMPTY_BOARD, TICTACTOE_RULES, Board, best_moves, is_over, opponent_distribution, optimal_moves, play, reachable_positions, to_move
+from ludic.tictactoe.board import (EMPTY_BOARD, TICTACTOE_RULES, Board, best_moves, is_over, opponent_distribution,
+                                   optimal_moves, play, reachable_positions, to_move)
 from ludic.tictactoe.env import TicTacToeEnv, format_observation, judge_move, opponent_note
 from ludic.tictactoe.positions import board_to_string
 from ludic.inference.client import ChatClient, ChatRequest, ChatResponse, SamplingParams

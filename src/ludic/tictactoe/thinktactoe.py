@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 from ludic.data.jsonl import read_jsonl, write_jsonl
-from ludic.tictactoe.board import EMPTY, EMPTY_BOARD, Board, best_moves, completed_line, is_over, legal_moves, move_kind, other, play, solve, to_move
+from ludic.tictactoe.board import (EMPTY, EMPTY_BOARD, Board, best_moves, completed_line, is_over, legal_moves,
+                                   move_kind, other, play, solve, to_move)
 from ludic.tictactoe.board import reachable_positions as all_positions  # noqa: F401 public name here too
 
 BOARD_START, BOARD_END = "<|board_start|>", "<|board_end|>"
