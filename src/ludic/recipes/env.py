@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ludic.envs.registry import import_attr
+from ludic.errors import UsageError
 from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock, load_policy_for
 from ludic.recipes.env_setup import (EVAL_SEED_BASE, EnvConfig, env_metrics, eval_requests, evaluate_episodes,
                                      format_summary, probe_env, protocols, register_python_env)
@@ -222,13 +223,11 @@ def train_env(cfg: TrainEnvConfig) -> dict[str, Any]:
 
 async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     from ludic.config import dump_config
-    from ludic.inference.client import SamplingParams
     from ludic.inference.publish import InProcessPublisher
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.training.algorithms import algorithm_for
     from ludic.training.loggers import logger_names, make_logger
     from ludic.training.trainer import Trainer
-    from ludic.training.reference import frozen_copy
 
     logger_names(cfg.logger)
     env = probe_env(cfg.env)
@@ -237,14 +236,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     dump_config(cfg, run_dir / "config.json")
     model, tok = load_policy_for(cfg)
     engine = TransformersEngine(model, tok)
-    multi = len(env.agent_ids) > 1
-    frozen = TransformersEngine(frozen_copy(model), tok) if multi else None
-    sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.env.max_completion_tokens)
-    greedy = SamplingParams(temperature=0.0, max_tokens=cfg.env.max_completion_tokens)
-    train_protos = protocols(engine, cfg.env, env, sampling, frozen, greedy)
-    eval_protos = protocols(engine, cfg.env, env, greedy, frozen, greedy)
-    if multi and cfg.env.opponent not in ("self", "frozen"):
-        raise ValueError(f"--opponent must be self or frozen, got {cfg.env.opponent!r}")
+    train_protos, eval_protos = play_protocols(cfg, env, engine, model, tok)
     results: dict[str, Any] = {"env": cfg.env.env, "metric": "success_rate"}
     wall: dict[str, float] = {}
     """Seconds per part of this process's run (a resumed run counts from its resume)."""
@@ -310,6 +302,24 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     finally:
         logger.close()  # writes report.html, with summary.json
     return TrainResult(model, tok, run_dir, results)
+
+
+def play_protocols(cfg: TrainEnvConfig, env: Any, engine: Any, model: Any, tok: Any) -> tuple[dict, dict]:
+    """(training protocols sampling at ``cfg.temperature``, greedy evaluation protocols) on ``engine``; on a
+    multi-player env the frozen opponent is a copy of ``model`` as it is now (the starting policy). Used by
+    ``ludic train env`` and by the env pipeline's actors."""
+    from ludic.inference.client import SamplingParams
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.training.reference import frozen_copy
+
+    multi = len(env.agent_ids) > 1
+    if multi and cfg.env.opponent not in ("self", "frozen"):
+        raise UsageError(f"--opponent must be self or frozen, got {cfg.env.opponent!r}")
+    frozen = TransformersEngine(frozen_copy(model), tok) if multi else None
+    sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.env.max_completion_tokens)
+    greedy = SamplingParams(temperature=0.0, max_tokens=cfg.env.max_completion_tokens)
+    return (protocols(engine, cfg.env, env, sampling, frozen, greedy),
+            protocols(engine, cfg.env, env, greedy, frozen, greedy))
 
 
 def rollout_source(cfg: TrainEnvConfig, env: Any, protos: dict[str, Any], run_dir: Path, algo: Any) -> Any:

@@ -22,8 +22,8 @@ from typing import Any
 from ludic.errors import UsageError
 from ludic.recipes import pipeline
 from ludic.recipes.blocks import PipelineBlock, load_policy_for
-from ludic.recipes.env import TrainEnvConfig, rollout_source, trainer_config
-from ludic.recipes.env_setup import probe_env, protocols
+from ludic.recipes.env import TrainEnvConfig, play_protocols, rollout_source, trainer_config
+from ludic.recipes.env_setup import probe_env
 
 
 @dataclass
@@ -32,20 +32,10 @@ class EnvPipelineConfig(TrainEnvConfig, PipelineBlock):
 
 
 def _source(cfg: EnvPipelineConfig, engine: Any, model: Any, tok: Any, run_dir: Path) -> Any:
-    from ludic.inference.client import SamplingParams
-    from ludic.inference.transformers_engine import TransformersEngine
     from ludic.training.algorithms import algorithm_for
-    from ludic.training.reference import frozen_copy
 
     env = probe_env(cfg.env)
-    multi = len(env.agent_ids) > 1
-    if multi and cfg.env.opponent not in ("self", "frozen"):
-        raise UsageError(f"--opponent must be self or frozen, got {cfg.env.opponent!r}")
-    frozen = TransformersEngine(frozen_copy(model), tok) if multi else None
-    sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.env.max_completion_tokens)
-    greedy = SamplingParams(temperature=0.0, max_tokens=cfg.env.max_completion_tokens)
-    return rollout_source(cfg, env, protocols(engine, cfg.env, env, sampling, frozen, greedy), run_dir,
-                          algorithm_for(cfg))
+    return rollout_source(cfg, env, play_protocols(cfg, env, engine, model, tok)[0], run_dir, algorithm_for(cfg))
 
 
 def _load(cfg: EnvPipelineConfig) -> tuple[Any, Any]:

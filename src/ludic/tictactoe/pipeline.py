@@ -1,9 +1,12 @@
 """Pipeline RL for tic-tac-toe: ``ludic actor tictactoe``, ``ludic learner tictactoe`` (the generic
 commands of ``ludic.recipes.pipeline`` on tic-tac-toe's parts) and the local topology ``ludic train
-tictactoe --pipeline N`` (a redis-server, N actor processes, this process as the learner). Actors sample in process (``--inference transformers``: weights come
-through Redis) or from a vLLM server (``--inference vllm --port P``: the learner pushes each
-version to the server, which swaps it in while requests run; tokens carry the server's version). Same flags as ``ludic train tictactoe``; the actors and the learner of
-one run must get the same model, prompt and GRPO flags, and the same --redis-url and --stream-prefix.
+tictactoe --pipeline N`` (a redis-server, N actor processes, this process as the learner).
+
+Actors sample in process (``--inference transformers``: weights come through Redis) or from a vLLM server
+(``--inference vllm --port P``: the learner pushes each version to the server, which swaps it in while
+requests run; tokens carry the server's version). Same flags as ``ludic train tictactoe``; the actors and
+the learner of one run must get the same model, prompt and GRPO flags, and the same --redis-url and
+--stream-prefix.
 
     ludic learner tictactoe --redis-url redis://10.0.0.1:6379/0 --run-dir runs/p1 --train-steps 100
     ludic actor tictactoe   --redis-url redis://10.0.0.1:6379/0 --run-dir runs/p1-actor-a --actor-id a
