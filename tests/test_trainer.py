@@ -128,6 +128,40 @@ def test_training_on_top_of_an_adapter_keeps_it_as_the_kl_reference(tiny_model_d
     assert all(float(p.detach().abs().max()) == 0 for n, p in model.named_parameters() if "lora_B" in n)  # fresh
 
 
+def test_the_kl_reference_is_the_policy_rl_starts_from_after_an_in_run_cold_start(tiny_model_dir, tmp_path):
+    """--tool-demos / --format-demos train the run's own adapter before RL. The KL reference is that
+    policy (KL 0 at the first RL step), not the base model with the adapter switched off; a resumed
+    run keeps it (the checkpoint holds it)."""
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    items = [SAWItem((5, 6, 7, 11), (8, 9, 10), 1.0, logprobs=(-1.0, -1.0, -1.0))]
+    cfg = TrainerConfig(lr=1e-2, checkpoint_every=1)
+    trainer = Trainer(model, make_algorithm("grpo", kl_coef=0.1), FixedSource(items), cfg,
+                      pad_token_id=tok.pad_token_id, checkpoint_dir=tmp_path / "ckpt")
+    with torch.no_grad():  # the cold start: the adapter is trained before the first RL step
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5)
+    first = asyncio.run(trainer.train_step())
+    assert first["kl"] == pytest.approx(0.0, abs=1e-6)  # the reference is the cold-started policy
+    assert asyncio.run(trainer.train_step())["kl"] > 0
+
+    resumed_model, _ = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    resumed = Trainer(resumed_model, make_algorithm("grpo", kl_coef=0.1), FixedSource(items), cfg,
+                      pad_token_id=tok.pad_token_id, checkpoint_dir=tmp_path / "ckpt")
+    assert resumed.resume() and resumed.step == 2
+    assert resumed.optimize(items)["kl"] == pytest.approx(trainer.optimize(items)["kl"], rel=1e-4)
+
+
+def test_a_fresh_adapter_keeps_the_base_as_its_kl_reference_without_a_copy(tiny_model_dir):
+    """A fresh LoRA (B = 0) is the base policy: the reference switches the adapter off, no snapshot."""
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    items = [SAWItem((5, 6, 7), (8, 9), 1.0, logprobs=(-1.0, -1.0))]
+    trainer = Trainer(model, make_algorithm("grpo", kl_coef=0.1), FixedSource(items), TrainerConfig(lr=1e-2),
+                      pad_token_id=tok.pad_token_id)
+    assert trainer.optimize(items)["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert trainer.reference.mode == "base" and trainer.optimize(items)["kl"] > 0
+
+
 class RecordingPublisher:
     def __init__(self):
         self.versions = []

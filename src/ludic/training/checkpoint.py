@@ -93,13 +93,15 @@ def save_checkpoint(
     model_state: dict[str, Any] | None = None,
     optimizer_state: dict[str, Any] | None = None,
     master_weights: dict[str, torch.Tensor] | None = None,
+    tensor_files: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Write a complete checkpoint for ``step`` and point ``latest.json`` at it (crash-safe, see above).
 
     ``model_state`` / ``optimizer_state``: full state dicts gathered from a sharded (FSDP2) model,
     written instead of the model's and optimizer's own (which hold only this rank's shards).
     ``master_weights``: fp32 masters of a bf16 / fp16 model's trained parameters (``training.precision``):
-    the model folder holds their rounding, a resume needs them exactly."""
+    the model folder holds their rounding, a resume needs them exactly.
+    ``tensor_files``: more safetensors files for the folder, ``{file name: tensors}`` (the KL reference)."""
     root = Path(root)
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
@@ -114,6 +116,11 @@ def save_checkpoint(
         from safetensors.torch import save_file
 
         save_file({k: v.detach().contiguous().cpu() for k, v in master_weights.items()}, str(tmp / MASTER_WEIGHTS_FILE))
+    for name, tensors in (tensor_files or {}).items():
+        if tensors:
+            from safetensors.torch import save_file
+
+            save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / name))
     if optimizer is not None:
         torch.save(optimizer_state if optimizer_state is not None else optimizer.state_dict(), tmp / "optimizer.pt")
     if scheduler is not None:

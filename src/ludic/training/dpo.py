@@ -222,8 +222,8 @@ def make_dpo_objective(
 ) -> Callable[[Any, MicroBatch, dict[str, float]], tuple[Tensor, dict[str, Tensor]]]:
     """A Trainer ``objective``: DPO loss of the micro-batch's pairs / pairs in the whole batch.
 
-    References come from ``trainer.ref_logp(mb)`` (frozen ``ref_model`` or the
-    LoRA base with adapters off). Stats ("rewards/*") are means over the
+    References come from ``trainer.ref_logp(mb)`` (``training.reference``), scored before the policy's
+    forward. Stats ("rewards/*") are means over the
     micro-batch's pairs ("loss" is its share of the batch loss).
     """
     cfg = cfg or DPOLossConfig()
@@ -231,9 +231,10 @@ def make_dpo_objective(
     def dpo_objective(trainer: Any, mb: MicroBatch, totals: dict[str, float]) -> tuple[Tensor, dict[str, Tensor]]:
         ci, ri = pair_indices(mb.items)
         n = len(mb.items)
+        with torch.no_grad():  # first: a snapshot reference swaps weights in place
+            ref_tok = trainer.ref_logp(mb)
         logp, _ = score_actions(trainer.model, mb, bottom=trainer.bottom_cache)
-        with torch.no_grad():
-            ref_tok = trainer.ref_logp(mb).to(logp.dtype)
+        ref_tok = ref_tok.to(logp.dtype)
         seq = sequence_logps(logp, mb.seg, n)
         ref = sequence_logps(ref_tok, mb.seg, n)
         lens = torch.bincount(mb.seg, minlength=n).to(logp.dtype)

@@ -26,6 +26,7 @@ def policy_gradient_objective(
     """Score the action tokens and apply ``trainer.algorithm.loss`` (``compute_loss``)."""
     loss_cfg = trainer.algorithm.loss
     values = value_old = value_target = None
+    ref_logp = trainer.ref_logp(mb) if loss_cfg.needs_ref_logp else None  # first: a snapshot reference swaps weights
     if loss_cfg.needs_values:
         head = value_head(trainer.model)
         if head is None:
@@ -37,7 +38,6 @@ def policy_gradient_objective(
     else:
         logp, entropy = score_actions(trainer.model, mb, need_entropy=loss_cfg.needs_entropy,
                                       bottom=trainer.bottom_cache)
-    ref_logp = trainer.ref_logp(mb) if loss_cfg.needs_ref_logp else None
     old = mb.old_logp
     if old is None and loss_cfg.needs_old_logp:
         old = logp.detach()  # offline data: on-policy ratio of 1

@@ -28,10 +28,14 @@ masters (``Trainer.save``), so a resume continues from the fp32 weights, not the
 
 ``enabled=False`` (``TrainerConfig.master_weights=False``) is pure low-precision training: the
 optimizer updates the bf16 parameters in place, and every update under half an ulp is lost.
+
+The optimizer itself (``make_optimizer``: AdamW, fused where it can be) and its LR schedule
+(``make_scheduler``) are built here too.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -181,3 +185,23 @@ def make_optimizer(params: list[Any], cfg: TrainerConfig) -> torch.optim.Optimiz
     plain = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params)
     kwargs = {"fused": True} if plain else {}
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, **kwargs)
+
+
+def lr_factor(cfg: TrainerConfig, step: int) -> float:
+    """The learning rate's multiplier at optimizer step ``step``: linear warmup, then constant, linear or
+    cosine decay to 0 over ``total_steps``."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant" or not cfg.total_steps:
+        return 1.0
+    frac = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
+    if cfg.lr_schedule == "linear":
+        return 1.0 - frac
+    if cfg.lr_schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * frac))
+    raise ValueError(f"lr_schedule must be constant, linear or cosine, got {cfg.lr_schedule!r}")
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainerConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """The trainer's LR schedule (``lr_factor``) over ``optimizer``."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(cfg, step))

@@ -17,8 +17,8 @@ Before the first step the starting weights are published (``publish_start``). On
 Everything algorithm-specific lives in the ``Algorithm`` (credit + LossConfig),
 which the batch source and ``compute_loss`` consume. The pieces a step calls live beside it:
 ``objective`` (score a micro-batch, apply the loss), ``data_parallel`` (normalisers and gradients summed
-over ranks), ``reference`` (the KL reference policy), ``precision`` (fp32 masters, AdamW, keep-best
-snapshots), ``signal`` (no silent non-learning) and ``checkpoint``.
+over ranks), ``reference`` (the KL reference: the policy at the first step), ``precision`` (fp32 masters,
+AdamW and its LR schedule, keep-best snapshots), ``signal`` (no silent non-learning) and ``checkpoint``.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from ludic.training.lora import frozen_bottom_layers
 from ludic.training.objective import SUMMED_STATS, Objective, policy_gradient_objective
 from ludic.tokenization import pad_token_id_for
 from ludic.training.packed import packable
-from ludic.training.precision import MasterWeights, make_optimizer
-from ludic.training.reference import frozen_copy, needs_ref_copy, reference_logp
+from ludic.training.precision import MasterWeights, make_optimizer, make_scheduler
+from ludic.training.reference import REFERENCE_FILE, ReferencePolicy
 from ludic.training.signal import no_signal_message, zero_adv_token_share
 from ludic.types import SAWItem
 
@@ -67,8 +67,10 @@ class Trainer:
         logger: metrics sink (``log(step, metrics)``).
         checkpoint_dir: where checkpoints go (None disables them).
         tokenizer: saved with checkpoints so they load as HF folders.
-        ref_model: frozen reference for a KL penalty. Default: with LoRA, the model with its adapters
-            disabled; with full fine-tuning, a frozen copy of the model made here (the starting policy).
+        ref_model: frozen reference for a KL penalty (or DPO). Default: the policy at the first optimizer
+            step of a fresh run, so a cold start trained before it is part of the reference
+            (``training.reference.ReferencePolicy``: the base with adapters off while the adapter is
+            fresh, else a snapshot of the trainable weights; a frozen copy with full fine-tuning).
         pad_token_id: padding id for collation (default: the tokenizer's pad id, else its or the
             model's eos id; an error when none can be found).
         evaluator: ``async () -> {metric: value}`` on held-out data, called every ``eval_every``
@@ -116,9 +118,8 @@ class Trainer:
         self.logger = logger
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.tokenizer = tokenizer
-        if ref_model is None and needs_ref_copy(model, algorithm):
-            ref_model = frozen_copy(model)
-        self.ref_model = ref_model
+        self.reference = ReferencePolicy(model, algorithm, ref_model)
+        """The KL / DPO reference policy, fixed at the first optimizer step of a fresh run."""
         self.pad_token_id = pad_token_id_for(pad_token_id, tokenizer, model)
         self.evaluator, self.eval_every, self.keep_best = evaluator, eval_every, keep_best
         self.best: dict[str, Any] = {}
@@ -149,21 +150,7 @@ class Trainer:
         self.masters = MasterWeights(params, enabled=self.cfg.master_weights)
         """fp32 master weights of the low-precision trainable parameters (``training.precision``)."""
         self.optimizer = make_optimizer(self.masters.params, self.cfg)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-
-    # -- schedule -----------------------------------------------------------
-    def _lr_factor(self, step: int) -> float:
-        c = self.cfg
-        if c.warmup_steps and step < c.warmup_steps:
-            return (step + 1) / c.warmup_steps
-        if c.lr_schedule == "constant" or not c.total_steps:
-            return 1.0
-        frac = min(1.0, (step - c.warmup_steps) / max(1, c.total_steps - c.warmup_steps))
-        if c.lr_schedule == "linear":
-            return 1.0 - frac
-        if c.lr_schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * frac))
-        raise ValueError(f"lr_schedule must be constant, linear or cosine, got {c.lr_schedule!r}")
+        self.scheduler = make_scheduler(self.optimizer, self.cfg)
 
     # -- one optimizer step ---------------------------------------------------
     async def train_step(self) -> dict[str, Any]:
@@ -316,6 +303,7 @@ class Trainer:
 
     def _optimize(self, items: list[SAWItem]) -> dict[str, Any]:
         t0 = time.perf_counter()
+        self.reference.anchor(self.model)  # the first step of a fresh run fixes the KL reference
         loss_cfg = getattr(self.algorithm, "loss", None)
         if loss_cfg is not None and loss_cfg.uses_importance_ratio:  # not against top-p / top-k log-probs
             refuse_truncated_sampling(items, loss_cfg.kind)
@@ -391,8 +379,14 @@ class Trainer:
                 "the limit.")
 
     def ref_logp(self, mb: Any) -> torch.Tensor:
-        """Reference-policy log-probs of the action tokens (frozen ``ref_model``, or the base with LoRA off)."""
-        return reference_logp(self.model, self.ref_model, mb)
+        """Reference-policy log-probs of the action tokens (``self.reference``); score them before the
+        policy's own forward of the micro-batch."""
+        return self.reference.logp(self.model, mb)
+
+    @property
+    def ref_model(self) -> Any | None:
+        """The frozen reference model, where the reference is one (full fine-tuning, or given)."""
+        return self.reference.ref_model
 
     # -- loop, checkpoints --------------------------------------------------------
     async def train(
@@ -459,10 +453,12 @@ class Trainer:
             model_state = full_state_dict(self.model)
             optimizer_state = get_optimizer_state_dict(
                 self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        reference = self.reference.full_snapshot() if self.checkpoint_dir is not None else None  # all ranks gather
         if self.checkpoint_dir is None or not is_rank0():
             return None
         state = {"policy_version": self.policy_version, "algorithm": self.algorithm.name,
-                 "trainer_config": asdict(self.cfg), "kl_coef": self.algorithm.loss.kl_coef}
+                 "trainer_config": asdict(self.cfg), "kl_coef": self.algorithm.loss.kl_coef,
+                 "reference": self.reference.state()}
         if hasattr(self.source, "state_dict"):
             state["source_state"] = self.source.state_dict()
         path = save_checkpoint(
@@ -470,6 +466,7 @@ class Trainer:
             scheduler=self.scheduler, tokenizer=self.tokenizer, state=state, max_to_keep=self.cfg.max_to_keep,
             model_state=model_state, optimizer_state=optimizer_state,
             master_weights=self.masters.state_dict(self.model) if self.masters.active else None,
+            tensor_files={REFERENCE_FILE: reference} if reference else None,
         )
         if hasattr(self.source, "on_checkpoint"):  # e.g. the pipeline acknowledges what this checkpoint holds
             self.source.on_checkpoint(path)
@@ -486,6 +483,7 @@ class Trainer:
         state = load_checkpoint(path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler)
         if self.masters.active:  # the fp32 masters, not the rounding of them the model folder holds
             self.masters.load_state_dict(self.model, load_master_weights(path) or {})
+        self.reference.load(path, state.get("reference"), self.model)
         self.step = int(state["step"])
         self.policy_version = int(state.get("policy_version", self.step))
         if "kl_coef" in state and self.cfg.kl_target is not None:  # the adaptive controller's position
