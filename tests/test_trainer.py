@@ -162,6 +162,36 @@ def test_a_fresh_adapter_keeps_the_base_as_its_kl_reference_without_a_copy(tiny_
     assert trainer.reference.mode == "base" and trainer.optimize(items)["kl"] > 0
 
 
+def test_scale_lr_by_signal_moves_the_weights_as_far_as_the_batch_has_signal(tiny_model_dir):
+    """Adam's step is about lr per weight whatever the batch holds. With scale_lr_by_signal a batch whose
+    tokens are half zero-advantage moves the weights half as far, and a batch with no signal does not move
+    them (plain AdamW would, on its momentum)."""
+    signal = [SAWItem((5, 6, 7), (8, 9), 1.0), SAWItem((5, 6, 7), (10, 11), -1.0)]
+    silent = [SAWItem((5, 6, 7), (12, 13), 0.0), SAWItem((5, 6, 7), (14, 15), 0.0)]
+
+    def moved(scale: bool, batches) -> list[dict[str, torch.Tensor]]:
+        model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+        trainer = Trainer(model, make_algorithm("reinforce"), FixedSource([]),
+                          TrainerConfig(lr=1e-3, scale_lr_by_signal=scale), pad_token_id=tok.pad_token_id)
+        out = []
+        for batch in batches:
+            before = _lora_params(model)
+            m = trainer.optimize(batch)
+            assert m["lr_scale"] == (1.0 - sum(it.weight == 0 for it in batch) / len(batch) if scale else 1.0)
+            out.append({n: p - before[n] for n, p in _lora_params(model).items()})
+        return out
+
+    (full,) = moved(False, [signal])
+    (half,) = moved(True, [signal + silent])
+    assert max(float(d.abs().max()) for d in full.values()) > 0
+    for n in full:
+        torch.testing.assert_close(half[n], 0.5 * full[n], rtol=1e-4, atol=1e-9)
+    _, plain = moved(False, [signal, silent])
+    _, scaled = moved(True, [signal, silent])
+    assert max(float(d.abs().max()) for d in plain.values()) > 0  # momentum alone moved them
+    assert all(float(d.abs().max()) == 0 for d in scaled.values())
+
+
 class RecordingPublisher:
     def __init__(self):
         self.versions = []

@@ -59,6 +59,12 @@ class TrainerConfig:
     """A step whose loss or gradient norm is not finite (NaN or inf: a NaN advantage, a reward that
     overflowed, a diverging policy) is skipped, weights and optimizer state unchanged, and counted;
     this many in a row stop the run."""
+    scale_lr_by_signal: bool = False
+    """Scale each optimizer step's learning rate by the share of its trained tokens whose advantage is not 0
+    (logged as ``lr_scale``). Adam moves every weight by about ``lr`` per step whatever the batch holds, so
+    from a good policy, where most GRPO groups have zero variance, a full step rests on the one or two
+    groups that differ; and a step with no signal at all still moves the weights on Adam's momentum. With
+    this on, a step moves as far as its evidence: half the tokens informative, half the step; none, none."""
     master_weights: bool = True
     """Mixed precision for a bf16 / fp16 model (``--dtype``): the optimizer keeps fp32 master weights and
     fp32 AdamW state, gradients sum and clip in fp32, the model computes in its dtype. --no-master-weights

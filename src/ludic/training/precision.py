@@ -35,6 +35,7 @@ The optimizer itself (``make_optimizer``: AdamW, fused where it can be) and its 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -185,6 +186,22 @@ def make_optimizer(params: list[Any], cfg: TrainerConfig) -> torch.optim.Optimiz
     plain = all(type(p) is torch.nn.Parameter and p.device.type in ("cpu", "cuda") for p in params)
     kwargs = {"fused": True} if plain else {}
     return torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay, **kwargs)
+
+
+@contextlib.contextmanager
+def lr_scaled(optimizer: torch.optim.Optimizer, scale: float):
+    """``optimizer``'s learning rates times ``scale`` for the steps inside (``scale_lr_by_signal``)."""
+    if scale == 1.0:
+        yield optimizer
+        return
+    saved = [g["lr"] for g in optimizer.param_groups]
+    for g in optimizer.param_groups:
+        g["lr"] = g["lr"] * scale
+    try:
+        yield optimizer
+    finally:
+        for g, lr in zip(optimizer.param_groups, saved):
+            g["lr"] = lr
 
 
 def lr_factor(cfg: TrainerConfig, step: int) -> float:

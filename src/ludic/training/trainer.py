@@ -49,7 +49,7 @@ from ludic.training.lora import frozen_bottom_layers
 from ludic.training.objective import SUMMED_STATS, Objective, policy_gradient_objective
 from ludic.tokenization import pad_token_id_for
 from ludic.training.packed import packable
-from ludic.training.precision import MasterWeights, make_optimizer, make_scheduler
+from ludic.training.precision import MasterWeights, lr_scaled, make_optimizer, make_scheduler
 from ludic.training.reference import REFERENCE_FILE, ReferencePolicy
 from ludic.training.signal import no_signal_message, zero_adv_token_share
 from ludic.types import SAWItem
@@ -341,7 +341,10 @@ class Trainer:
             norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
             if bool(torch.isfinite(norm)) and math.isfinite(loss):
                 torch.nn.utils.clip_grads_with_norm_(params, self.cfg.max_grad_norm, grad_norm)
-                self.optimizer.step()
+                scale = 1.0 - zero_adv_token_share(items) if self.cfg.scale_lr_by_signal else 1.0
+                with lr_scaled(self.optimizer, scale):
+                    self.optimizer.step()
+                metrics["lr_scale"] = scale
                 self.masters.to_model()
                 mark_trained(self.model)  # an in-process engine's decode view refreshes on it
                 self.nonfinite_streak = 0
