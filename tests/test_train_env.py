@@ -42,6 +42,8 @@ def test_train_env_on_a_reasoning_gym_task_and_eval_env_on_its_adapter(tiny_mode
     assert all(r["meta"]["reset_info"]["split"] == "train" for r in train)
     page = (run / "report.html").read_text()
     assert page.index("Headline: success_rate") < page.index("Learning curves")
+    trainer = json.loads((run / "config.json").read_text())["trainer"]
+    assert trainer["lr"] == 2e-4 and trainer["scale_lr_by_signal"] is True  # the measured defaults (README)
 
     out = tmp_path / "eval.jsonl"
     proc = ludic("eval", "env", "--env", "reasoning_gym:gcd", "--env-kwargs", '{"config": {"max_value": 20}}',
