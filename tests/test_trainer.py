@@ -377,6 +377,17 @@ def test_keep_best_ends_on_the_best_evaluated_weights(tiny_model_dir, tmp_path):
     now = _lora_params(model)
     assert all(torch.equal(now[n], seen[2][n]) for n in now) and not all(torch.equal(now[n], seen[3][n]) for n in now)
     assert engine.policy_version == trainer.policy_version == 4  # the restored weights were published
+    scores = iter([0.5, 0.2, 0.9])  # "-metric": lower is better (an exploitability)
+    trainer.keep_best, trainer.best = "-nash_conv", {}
+
+    async def nash():
+        return {"nash_conv": next(scores)}
+
+    trainer.evaluator, seen = nash, {}
+    asyncio.run(trainer.train(6, on_step))
+    assert trainer.best["step"] == 5 and trainer.best["metric"] == "nash_conv" and trainer.best["value"] == 0.2
+    now = _lora_params(model)
+    assert all(torch.equal(now[n], seen[5][n]) for n in now)
     with pytest.raises(ValueError, match="keep_best='success_rate' needs an evaluator"):
         asyncio.run(Trainer(model, make_sft(), FixedSource([]), keep_best="success_rate",
                             tokenizer=trainer.tokenizer).train(1))

@@ -228,6 +228,33 @@ def test_train_games_logs_a_nash_conv_curve_and_eval_games_reports_intervals(tin
     assert ttt["states"] == 4520
 
 
+def test_train_games_keep_best_ends_on_the_lowest_nash_conv_it_measured(tiny_model_dir, tmp_path):
+    require("pyspiel")
+    from ludic.envs.openspiel import OpenSpielEnv
+    from ludic.eval.games import nash_conv, policy_table
+    from ludic.recipes.games import TrainGamesConfig, train_games
+
+    cfg = TrainGamesConfig(model=str(tiny_model_dir), games="kuhn_poker", opponent="self", algorithm="mmd",
+                           train_steps=3, eval_every=1, episodes_per_update=8, max_completion_tokens=2, kl_coef=0.0,
+                           keep_best=True, run_dir=str(tmp_path / "run"), logger="none", dtype="float32")
+    out = train_games(cfg)
+    curve = {p["step"]: p["nash_conv/kuhn_poker"] for p in out["exploitability"]}
+    assert sorted(curve) == [0, 1, 2, 3]
+    kept = out["kept"]
+    assert kept["nash_conv"] == min(curve[s] for s in (1, 2, 3)) == curve[kept["step"]]
+    assert kept["last_step"] == 3 and kept["last_nash_conv"] == curve[3]
+    from ludic.training.lora import load_policy
+
+    saved = tmp_path / "run" / "checkpoints" / "step_000003" / "model"
+    model, tok = load_policy(str(tiny_model_dir), adapter=str(saved), dtype="float32")
+    env = OpenSpielEnv(game="kuhn_poker")  # the saved final weights are the kept step's
+    assert nash_conv(env.game, policy_table(env, model, tok, temperature=cfg.temperature)) == pytest.approx(
+        kept["nash_conv"], abs=1e-5)
+    with pytest.raises(ValueError, match="--keep-best keeps the lowest NashConv"):
+        train_games(TrainGamesConfig(model=str(tiny_model_dir), games="tic_tac_toe", keep_best=True,
+                                     run_dir=str(tmp_path / "ttt"), logger="none", dtype="float32"))
+
+
 def test_train_games_with_the_mmd_step_needs_no_critic_and_logs_its_targets(tiny_model_dir, tmp_path):
     require("pyspiel")
     from ludic.recipes.games import TrainGamesConfig, train_games

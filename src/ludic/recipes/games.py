@@ -83,6 +83,9 @@ class TrainGamesConfig(ModelBlock, GamesBlock, TrainRunBlock):
     """Optimisation (--lr, --ppo-epochs, --num-minibatches, --kl-target, ...)."""
     eval_every: int = 5
     """Exploitability (kuhn_poker, leduc_poker) every N steps (0: only at the start and the end)."""
+    keep_best: bool = False
+    """End on the weights of the lowest mean NashConv measured during training (every --eval-every steps
+    and at the last); the summary's ``kept`` gives that step beside the last one."""
     concurrency: int = 32
     curriculum: bool = False
     """Opponent ladder easy (random) -> medium (MCTS at a tenth of its strength) -> hard (MCTS), moving on
@@ -316,6 +319,9 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
         many = [g for g in games if players(g) != 2]
         if many:
             raise ValueError(f"--opponent league plays two-player games; not: {[game_name(g) for g in many]}")
+    if cfg.keep_best and not set(names) & set(EXPLOITABILITY_GAMES):
+        raise ValueError(f"--keep-best keeps the lowest NashConv, which is measured on {sorted(EXPLOITABILITY_GAMES)}; "
+                         f"--games has none of them: {names}")
     run_dir = cfg.resolve_run_dir(f"games-{'-'.join(names)}")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
@@ -368,7 +374,7 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
             league.load_state_dict({"snapshots": []})  # a fresh run starts with an empty league
         league.maybe_snapshot(model, trainer.step)
 
-    def measure(step: int) -> None:
+    def measure(step: int) -> dict[str, float]:
         tables: dict[str, Any] = {}
         ex = exploitability(model, tok, names, cfg.temperature, tables)
         if ex:
@@ -377,22 +383,33 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
             curve.append({"step": step, **ex})
             logger.log(step, ex)
             print(f"[games] step {step}: " + ", ".join(f"{k} {v:.4f}" for k, v in ex.items()), flush=True)
+        return ex
+
+    async def evaluator() -> dict[str, float]:  # the trainer's: every eval_every steps and at the last
+        ex = measure(trainer.step)
+        return {**ex, "nash_conv": statistics.fmean(ex.values())} if ex else ex
 
     measure(trainer.step)
+    trainer.evaluator, trainer.eval_every = evaluator, cfg.eval_every
+    trainer.keep_best = "-nash_conv" if cfg.keep_best else ""
+
     async def on_step(step: int, metrics: dict[str, Any]) -> None:
         if league is not None:
             league.maybe_snapshot(model, step)
-        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.train_steps:
-            measure(step)
 
     try:
         last = await trainer.train(cfg.train_steps, on_step)
         if cfg.final_save:
             trainer.save()
-        measure(trainer.step)
     finally:
         logger.close()
     summary = {**{k: v for k, v in last.items() if isinstance(v, (int, float))}, "exploitability": curve}
+    if trainer.best:
+        b = trainer.best
+        summary["kept"] = {"step": b["step"], "nash_conv": b["value"], "last_step": b["last_step"],
+                           "last_nash_conv": b["last_eval"]["nash_conv"]}
+        print(f"[games] kept step {b['step']} (mean NashConv {b['value']:.4f}); the last step, {b['last_step']}, "
+              f"measured {b['last_eval']['nash_conv']:.4f}", flush=True)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

@@ -76,8 +76,8 @@ class Trainer:
         evaluator: ``async () -> {metric: value}`` on held-out data, called every ``eval_every``
             steps and at the last step of ``train`` (logged as ``eval/<metric>``).
         eval_every: evaluate every this many steps (0: only at the last step of ``train``).
-        keep_best: keep the best weights by this evaluator metric (e.g. ``success_rate``, higher is
-            better): after ``train`` the trainable weights are those of the best evaluation, and
+        keep_best: keep the best weights by this evaluator metric (``success_rate``: higher is better;
+            ``-nash_conv``: a leading minus, lower is better): after ``train`` the trainable weights are those of the best evaluation, and
             ``trainer.best`` says which step and what the last step scored. The kept step is chosen on
             the same evaluation it is reported on, so report it beside the last one. "": the last stay.
         objective: per-micro-batch ``(trainer, micro_batch, totals) -> (loss, stats)``;
@@ -428,12 +428,12 @@ class Trainer:
         out = {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
         if self.logger is not None:
             self.logger.log(self.step, out)
-        key = self.keep_best
-        if key:
+        if self.keep_best:
+            key, sign = self.keep_best.lstrip("-"), (-1.0 if self.keep_best.startswith("-") else 1.0)
             if key not in result:
-                raise KeyError(f"keep_best={key!r}: the evaluator returned no such metric ({sorted(result)})")
+                raise KeyError(f"keep_best={self.keep_best!r}: the evaluator returned no such metric ({sorted(result)})")
             self.best.update(last_step=self.step, last_eval=result)
-            if not self.best.get("eval") or result[key] > self.best["value"]:
+            if not self.best.get("eval") or sign * result[key] > sign * self.best["value"]:
                 self.best.update(step=self.step, metric=key, value=float(result[key]), eval=result)
                 self._best_state = self.masters.snapshot(self.model)
         return out
