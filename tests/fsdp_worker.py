@@ -3,7 +3,7 @@ in one process or under torchrun with the model sharded by FSDP2 (``shard_model`
 
     python tests/fsdp_worker.py MODE ITEMS.json MODEL_DIR OUT_DIR [RESUME_AFTER]
 
-MODE is sft or grpo. ITEMS.json holds, per optimizer step, one list of item dicts per rank; one process
+MODE is sft, grpo, or grpo_kl (GRPO with a KL penalty to an adapter trained before RL). ITEMS.json holds, per optimizer step, one list of item dicts per rank; one process
 trains on all of them, rank r of a torchrun group on list r only. Rank 0 writes OUT_DIR/trained.safetensors
 (the trained parameters, gathered), OUT_DIR/merged.safetensors (the weights a publisher pushes: LoRA merged)
 and a checkpoint under OUT_DIR/ckpt, and prints the per-step metrics as JSON.
@@ -13,6 +13,8 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+
+import torch
 
 from dist_rl_worker import ShardSource  # the same per-rank item source (this folder is on sys.path)
 from safetensors.torch import save_file
@@ -37,12 +39,19 @@ class Capture:
 
 
 def build(mode, model_dir, steps, rank, world, out, capture, seed=0):
-    lora = LoraSettings(rank=4, alpha=8) if mode == "grpo" else None
+    lora = LoraSettings(rank=4, alpha=8) if mode.startswith("grpo") else None
     model, tok = load_policy(model_dir, lora=lora, dtype="float32", seed=seed)
+    if mode == "grpo_kl":  # a cold start trained the adapter before RL: the KL reference is a snapshot of it
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if "lora_B" in n:
+                    p.copy_(0.05 * torch.randn(p.shape, generator=g))
     if world > 1:
         model = shard_model(model, mixed_precision="none")
         assert is_sharded(model)
-    trainer = Trainer(model, make_algorithm(mode), ShardSource(steps, rank, world),
+    algorithm = make_algorithm("grpo", kl_coef=0.1) if mode == "grpo_kl" else make_algorithm(mode)
+    trainer = Trainer(model, algorithm, ShardSource(steps, rank, world),
                       TrainerConfig(lr=1e-2 if lora else 1e-3, micro_token_budget=64, max_grad_norm=1.0),
                       publisher=GatheringPublisher(capture), checkpoint_dir=out / "ckpt", tokenizer=tok,
                       pad_token_id=tok.pad_token_id)
@@ -71,7 +80,7 @@ def main(mode, items_path, model_dir, out_dir, resume_after=None):
         trained = {n for n, p in model.named_parameters() if p.requires_grad}
         save_file({k: v.detach().contiguous() for k, v in sd.items() if k in trained}, str(out / "trained.safetensors"))
         save_file({k: v.contiguous() for k, v in capture.sd.items()}, str(out / "merged.safetensors"))
-        print(json.dumps([{k: m[k] for k in ("loss", "grad_norm", "action_tokens")} for m in metrics]))
+        print(json.dumps([{k: m[k] for k in ("loss", "grad_norm", "action_tokens", "kl") if k in m} for m in metrics]))
     shutdown_distributed()
 
 

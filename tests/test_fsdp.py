@@ -98,6 +98,27 @@ def test_fsdp2_resume_continues_like_an_uninterrupted_run(tiny_model_dir, tmp_pa
         assert (a[k].float() - b[k].float()).abs().max() < 5e-4, k
 
 
+def test_fsdp2_kl_reference_snapshot_of_a_cold_started_adapter_is_sharded_and_resumed(tiny_model_dir, tmp_path):
+    """KL to an adapter trained before RL: the reference is a snapshot of the sharded (DTensor) adapter,
+    gathered into the checkpoint and sharded again on resume; KL is 0 at the first step and every step
+    matches one process that never stopped."""
+    items = _grpo_items(tiny_model_dir)
+    half = len(items) // 2
+    steps = [[items[:half], items[half:]], [items[half:], items[:half]], [items[:half], items[half:]]]
+    path = tmp_path / "items.json"
+    path.write_text(json.dumps(steps))
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    one = _run([sys.executable, WORKER, "grpo_kl", str(path), str(tiny_model_dir), str(tmp_path / "one")])
+    two = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                WORKER, "grpo_kl", str(path), str(tiny_model_dir), str(tmp_path / "two"), "1"], OMP_NUM_THREADS="1")
+    assert len(one) == len(two) == 3
+    assert one[0]["kl"] == pytest.approx(0.0, abs=1e-7) and one[2]["kl"] > 0
+    for m1, m2 in zip(one, two):
+        assert m1["kl"] == pytest.approx(m2["kl"], rel=1e-3, abs=1e-8), (m1, m2)
+        assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-5, abs=1e-7), (m1, m2)
+
+
 def test_ludic_sft_under_torchrun_shards_and_matches_one_process(tiny_model_dir, tmp_path):
     """`ludic sft` under torchrun shards the model (FSDP2) and ends at one process's weights on the same
     global batches (2 ranks x batch 2 against 1 rank x batch 4), with a final folder a plain load reads."""

@@ -82,6 +82,20 @@ def idle_forward_backward(model: Any, pad_token_id: int, device: Any) -> None:
     (out.logits.float().sum() * 0.0).backward()
 
 
+def token_means_over_ranks(weighted: dict[str, float], n_tok: float) -> dict[str, float]:
+    """Token-weighted stats (``kl``, ``entropy``, clip fractions: each a sum of value x tokens) as means
+    over the global batch's tokens, so a distributed step logs what one process would, not rank 0's share."""
+    if not is_distributed():
+        return {k: v / max(n_tok, 1) for k, v in weighted.items()}
+    import torch.distributed as dist
+
+    names: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(names, sorted(weighted))
+    keys = sorted(set().union(*names))
+    t = reduce_floats([weighted.get(k, 0.0) for k in keys] + [float(n_tok)])
+    return {k: t[i] / max(t[-1], 1.0) for i, k in enumerate(keys)}
+
+
 def sum_over_ranks(sums: dict[str, float]) -> dict[str, float]:
     """The summed stats (loss terms with whole-batch normalisers) of the global batch: the loss a
     distributed step logs is the single-process loss, not this rank's share."""

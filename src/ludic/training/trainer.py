@@ -43,7 +43,8 @@ from ludic.training.frozen_cache import FrozenBottomCache
 from ludic.training.microbatch import collate, split_by_token_budget, truncate_item
 from ludic.training.checkpoint import latest_checkpoint, load_checkpoint, load_master_weights, save_checkpoint
 from ludic.training.config import TrainerConfig
-from ludic.training.data_parallel import all_reduce_grads, global_totals, idle_forward_backward, sum_over_ranks
+from ludic.training.data_parallel import (all_reduce_grads, global_totals, idle_forward_backward, sum_over_ranks,
+                                          token_means_over_ranks)
 from ludic.training.losses import refuse_truncated_sampling
 from ludic.training.lora import frozen_bottom_layers
 from ludic.training.objective import SUMMED_STATS, Objective, policy_gradient_objective
@@ -360,7 +361,7 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         dt = time.perf_counter() - t0
         metrics.update(sum_over_ranks(sums))
-        metrics.update({k: v / max(n_tok, 1) for k, v in tok_weighted.items()})
+        metrics.update(token_means_over_ranks(tok_weighted, n_tok))
         metrics.update(
             grad_norm=float(grad_norm), lr=lr, train_s=dt, train_tokens=train_tokens,
             train_tokens_per_s=train_tokens / dt if dt > 0 else 0.0,
