@@ -78,9 +78,10 @@ class Trainer:
             steps and at the last step of ``train`` (logged as ``eval/<metric>``).
         eval_every: evaluate every this many steps (0: only at the last step of ``train``).
         keep_best: keep the best weights by this evaluator metric (``success_rate``: higher is better;
-            ``-nash_conv``: a leading minus, lower is better): after ``train`` the trainable weights are those of the best evaluation, and
-            ``trainer.best`` says which step and what the last step scored. The kept step is chosen on
-            the same evaluation it is reported on, so report it beside the last one. "": the last stay.
+            ``-nash_conv``: a leading minus, lower is better): after ``train`` the trainable weights are
+            those of the best evaluation, and ``trainer.best`` says which step and what the last step
+            scored. The kept step is chosen on the same evaluation it is reported on, so report it beside
+            the last one. "": the last stay.
         objective: per-micro-batch ``(trainer, micro_batch, totals) -> (loss, stats)``;
             defaults to the policy-gradient objective of ``algorithm.loss`` (DPO supplies its own).
         group_key: item meta key whose items must share a micro-batch (e.g. DPO pairs).
