@@ -76,19 +76,26 @@ def test_fsdp2_two_processes_match_one(mode, tiny_model_dir, tokenizer, tmp_path
         assert (params[k].detach() - v).abs().max() < 1e-6, k
 
 
-def test_fsdp2_resume_continues_like_an_uninterrupted_run(tiny_model_dir, tmp_path):
-    """Two sharded processes train a step, checkpoint, and a fresh sharded model + trainer (another LoRA
-    init) resume from it: the second step then matches one process that never stopped (Adam state included)."""
-    items = _grpo_items(tiny_model_dir)
+def _one_and_resumed_two(mode, model_dir, tmp_path):
+    """Three GRPO steps in one process (``one/``) and in two sharded processes that checkpoint after the
+    first and resume in a fresh model and trainer (``two/``); each run's per-step metrics."""
+    items = _grpo_items(model_dir)
     half = len(items) // 2
     steps = [[items[:half], items[half:]], [items[half:], items[:half]], [items[:half], items[half:]]]
     path = tmp_path / "items.json"
     path.write_text(json.dumps(steps))
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
-    one = _run([sys.executable, WORKER, "grpo", str(path), str(tiny_model_dir), str(tmp_path / "one")])
+    one = _run([sys.executable, WORKER, mode, str(path), str(model_dir), str(tmp_path / "one")])
     two = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                WORKER, "grpo", str(path), str(tiny_model_dir), str(tmp_path / "two"), "1"], OMP_NUM_THREADS="1")
+                WORKER, mode, str(path), str(model_dir), str(tmp_path / "two"), "1"], OMP_NUM_THREADS="1")
+    return one, two
+
+
+def test_fsdp2_resume_continues_like_an_uninterrupted_run(tiny_model_dir, tmp_path):
+    """Two sharded processes train a step, checkpoint, and a fresh sharded model + trainer (another LoRA
+    init) resume from it: the second step then matches one process that never stopped (Adam state included)."""
+    one, two = _one_and_resumed_two("grpo", tiny_model_dir, tmp_path)
     assert len(two) == 3
     for m1, m2 in zip(one, two):
         assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-5, abs=1e-7), (m1, m2)
@@ -102,16 +109,7 @@ def test_fsdp2_kl_reference_snapshot_of_a_cold_started_adapter_is_sharded_and_re
     """KL to an adapter trained before RL: the reference is a snapshot of the sharded (DTensor) adapter,
     gathered into the checkpoint and sharded again on resume; KL is 0 at the first step and every step
     matches one process that never stopped."""
-    items = _grpo_items(tiny_model_dir)
-    half = len(items) // 2
-    steps = [[items[:half], items[half:]], [items[half:], items[:half]], [items[:half], items[half:]]]
-    path = tmp_path / "items.json"
-    path.write_text(json.dumps(steps))
-    (tmp_path / "one").mkdir()
-    (tmp_path / "two").mkdir()
-    one = _run([sys.executable, WORKER, "grpo_kl", str(path), str(tiny_model_dir), str(tmp_path / "one")])
-    two = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                WORKER, "grpo_kl", str(path), str(tiny_model_dir), str(tmp_path / "two"), "1"], OMP_NUM_THREADS="1")
+    one, two = _one_and_resumed_two("grpo_kl", tiny_model_dir, tmp_path)
     assert len(one) == len(two) == 3
     assert one[0]["kl"] == pytest.approx(0.0, abs=1e-7) and one[2]["kl"] > 0
     for m1, m2 in zip(one, two):

@@ -112,11 +112,7 @@ def save_checkpoint(
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp / "model")
     _save_value_head(model, tmp)
-    if master_weights:
-        from safetensors.torch import save_file
-
-        save_file({k: v.detach().contiguous().cpu() for k, v in master_weights.items()}, str(tmp / MASTER_WEIGHTS_FILE))
-    for name, tensors in (tensor_files or {}).items():
+    for name, tensors in {MASTER_WEIGHTS_FILE: master_weights, **(tensor_files or {})}.items():
         if tensors:
             from safetensors.torch import save_file
 

@@ -30,11 +30,6 @@ REFERENCE_FILE = "reference.safetensors"
 """The ``"snapshot"`` reference's weights inside a checkpoint folder."""
 
 
-def needs_ref_copy(model: Any, algorithm: Any) -> bool:
-    """True when ``algorithm``'s loss needs reference log-probs and ``model`` has no adapter to switch off."""
-    return needs_reference(algorithm) and not hasattr(model, "disable_adapter")
-
-
 def needs_reference(algorithm: Any) -> bool:
     """True when ``algorithm``'s loss reads reference log-probs (a KL penalty, DPO)."""
     loss = getattr(algorithm, "loss", None)
