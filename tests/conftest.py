@@ -164,9 +164,12 @@ def vowel_grpo_items(model_dir, *, max_tokens: int, device: str = "cpu") -> list
     return build_saw_items(rollouts, GroupNormalizedReturn())
 
 
-def vowel_grpo_trainer(model_dir, run_dir, trainer_cfg, *, max_tokens=8, strategy_seed=0, env="test_vowels"):
+def vowel_grpo_trainer(model_dir, run_dir, trainer_cfg, *, max_tokens=8, strategy_seed=0, env="test_vowels",
+                       sample_filter=None):
     """(model, engine, trainer): GRPO + LoRA r4 on the tiny model, 2 groups of 4 VowelEnv episodes per step,
-    sampled by the in-process engine, rollouts logged to run_dir/rollouts.jsonl, checkpoints in run_dir/ckpt."""
+    sampled by the in-process engine, rollouts logged to run_dir/rollouts.jsonl, checkpoints in run_dir/ckpt;
+    ``env``: one registered name for both groups, or a name per group; ``sample_filter`` goes to the batch
+    source."""
     from ludic.agents.agent import Agent
     from ludic.context import FullDialog
     from ludic.inference.client import SamplingParams
@@ -191,8 +194,9 @@ def vowel_grpo_trainer(model_dir, run_dir, trainer_cfg, *, max_tokens=8, strateg
     algo = make_algorithm("grpo")
     source = RolloutBatchSource(
         RolloutEngine({"single_agent": factory}, concurrency=16, jsonl_path=run_dir / "rollouts.jsonl"),
-        lambda: [RolloutRequest(EnvSpec(env), max_steps=1)] * 2, algo.credit,
-        strategy=GRPORequestStrategy(4, seed=strategy_seed),
+        lambda: [RolloutRequest(EnvSpec(name), max_steps=1) for name in ([env] * 2 if isinstance(env, str) else env)],
+        algo.credit,
+        strategy=GRPORequestStrategy(4, seed=strategy_seed), sample_filter=sample_filter,
     )
     trainer = Trainer(model, algo, source, trainer_cfg, publisher=InProcessPublisher(engine),
                       checkpoint_dir=run_dir / "ckpt", tokenizer=tok, pad_token_id=tok.pad_token_id)

@@ -192,6 +192,23 @@ def test_scale_lr_by_signal_moves_the_weights_as_far_as_the_batch_has_signal(tin
     assert all(float(d.abs().max()) == 0 for d in scaled.values())
 
 
+def test_scale_lr_by_signal_counts_the_items_a_sample_filter_dropped(tiny_model_dir, tmp_path):
+    """drop_zero_weight (DAPO, MMD, tic-tac-toe's position RL) removes the zero-advantage items before the
+    trainer sees them. They are still tokens of the step without signal: the step's lr_scale and the logged
+    zero_adv_token_share are the same with the filter as without it (same seeds, same rollouts)."""
+    from ludic.rollouts.batch import drop_zero_weight
+
+    def first_step(sample_filter, name):
+        _, _, trainer = vowel_grpo_trainer(tiny_model_dir, tmp_path / name, TrainerConfig(lr=1e-3, scale_lr_by_signal=True),
+                                           env=["test_vowels", "test_never_rewarded"], sample_filter=sample_filter)
+        return asyncio.run(trainer.train_step())
+
+    plain, filtered = first_step(None, "plain"), first_step(drop_zero_weight, "filtered")
+    assert filtered["num_items_filtered"] == 4 and plain["zero_var_group_share"] == 0.5  # the case in question
+    assert filtered["zero_adv_token_share"] == pytest.approx(plain["zero_adv_token_share"])
+    assert filtered["lr_scale"] == pytest.approx(plain["lr_scale"]) and plain["lr_scale"] < 1
+
+
 class RecordingPublisher:
     def __init__(self):
         self.versions = []

@@ -253,7 +253,7 @@ def test_local_topology_command(redis_server, tiny_model_dir, tmp_path):
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert json.loads(out.stdout[out.stdout.index("{"):])["step"] == 2
     logged = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    for key in ("pipeline_stale_share", "pipeline_lag_max", "zero_var_group_share", "sampler_kl", "sampler_tokens", "is_weight_mean",
+    for key in ("pipeline_stale_share", "pipeline_lag_max", "zero_var_group_share", "filtered_action_tokens", "sampler_kl", "sampler_tokens", "is_weight_mean",
                 "is_clip_frac", "policy_version"):
         assert all(key in m for m in logged), (key, logged[-1])
     # the in-process sampler and the learner score the same weights: their log-probs agree

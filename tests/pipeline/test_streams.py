@@ -9,7 +9,7 @@ import pytest
 from ludic.pipeline.source import PipelineBatchSource, read_ledger
 from ludic.pipeline.streams import SampleReader, SampleWriter
 from ludic.pipeline.wire import SCHEMA, MalformedEntry, decode_item, encode_item
-from ludic.types import SAWItem
+from ludic.types import SAWBatch, SAWItem
 
 
 def item(k: int, version: int = 0, n: int = 3, share: float = 1.0) -> SAWItem:
@@ -193,6 +193,21 @@ async def test_the_learner_reports_the_zero_variance_group_share_its_actors_saw(
     b = await PipelineBatchSource(SampleReader(streams), batch_size=3).next_batch()
     assert len(b.items) == 4
     assert b.meta["zero_var_group_share"] == pytest.approx((0.5 * 1.0 + 0.5 * 1.0 + 1.0 * 0.25) / 2.0)
+
+
+async def test_the_learner_counts_the_tokens_its_actors_sample_filters_dropped(streams):
+    """An actor's sample filter (drop_zero_weight) removes zero-advantage items before the push; each pushed
+    item carries its batch's dropped tokens per kept token, so the learner's batch meta has
+    ``filtered_action_tokens`` for scale_lr_by_signal, as a synchronous run's batch source does."""
+    from ludic.pipeline.actor import stamped_items
+
+    # actor 0 kept 2 items (2 action tokens each) and dropped 6 tokens; actor 1 dropped nothing
+    pushed = stamped_items(SAWBatch([item(1), item(2)], {"filtered_action_tokens": 6}), "a0") + \
+        stamped_items(SAWBatch([item(3)], {"filtered_action_tokens": 0}), "a1")
+    assert [it.meta.get("filtered_tokens_per_token") for it in pushed] == [1.5, 1.5, None]
+    SampleWriter(streams).push(pushed)
+    b = await PipelineBatchSource(SampleReader(streams), batch_size=3).next_batch()
+    assert len(b.items) == 3 and b.meta["filtered_action_tokens"] == pytest.approx(6.0)
 
 
 async def test_source_times_out_without_actors(streams):

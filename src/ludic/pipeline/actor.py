@@ -42,6 +42,19 @@ log = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- weights
 
 
+
+def stamped_items(batch: Any, actor_id: str) -> list[Any]:
+    """The batch's items with what the learner needs from their actor batch in each item's meta: the actor,
+    the batch's ``zero_var_group_share`` (no silent non-learning), and the action tokens its sample filter
+    dropped per token kept (``filtered_tokens_per_token``: the learner's scale_lr_by_signal counts them)."""
+    stamp: dict[str, Any] = {"actor": actor_id}
+    if "zero_var_group_share" in batch.meta:
+        stamp["zero_var_group_share"] = batch.meta["zero_var_group_share"]
+    kept = sum(it.num_action_tokens for it in batch.items)
+    if batch.meta.get("filtered_action_tokens") and kept:
+        stamp["filtered_tokens_per_token"] = batch.meta["filtered_action_tokens"] / kept
+    return [replace(it, meta={**it.meta, **stamp}) for it in batch.items]
+
 class AnnouncingPublisher:
     """The learner's publisher: store version ``v``'s weights (a peft adapter's tensors, or the
     full weights), then announce them on the weight stream.
@@ -292,10 +305,7 @@ class Actor:
                 await asyncio.to_thread(self.writer.wait_for_room, stop=self._stopped)
                 await self.follower.catch_up()  # the newest announced weights sample this batch
                 batch = await self.source.next_batch()
-                stamp = {"actor": self.actor_id}
-                if "zero_var_group_share" in batch.meta:  # the learner reports it (no silent non-learning)
-                    stamp["zero_var_group_share"] = batch.meta["zero_var_group_share"]
-                items = [replace(it, meta={**it.meta, **stamp}) for it in batch.items]
+                items = stamped_items(batch, self.actor_id)
                 ids = await asyncio.to_thread(self._push_and_log, items)
                 self.pushed += len(ids)
                 n += 1

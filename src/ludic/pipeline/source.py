@@ -147,6 +147,9 @@ class PipelineBatchSource:
                 if isinstance(it.meta.get("zero_var_group_share"), (int, float))]
         if flat:  # stamped by the actors (their batch's share: flat groups' items may be filtered out there)
             meta["zero_var_group_share"] = sum(z * w for z, w in flat) / sum(w for _, w in flat)
+        # what the actors' sample filters dropped beside these items (a batch filtered whole is not counted)
+        meta["filtered_action_tokens"] = sum(it.meta.get("filtered_tokens_per_token", 0.0) * it.num_action_tokens
+                                             for it in items)
         return SAWBatch(items=items, meta=meta)
 
     # ------------------------------------------------------------ checkpointing

@@ -243,7 +243,7 @@ class RolloutBatchSource:
         rollouts = await self.engine.generate_rollouts(requests)
         self.last_rollouts = rollouts
         items = build_saw_items(rollouts, self.credit, merge_turns=self.merge_turns)
-        n_before = len(items)
+        n_before, n_tokens_before = len(items), sum(it.num_action_tokens for it in items)
         if self.sample_filter is not None:
             items = [it for it in items if self.sample_filter(it)]
         dt = time.perf_counter() - t0
@@ -255,6 +255,8 @@ class RolloutBatchSource:
             "num_frozen_rollouts": len(rollouts) - len(trained),
             "num_items": len(items),
             "num_items_filtered": n_before - len(items),
+            # the trainer counts these as tokens of the step without signal (scale_lr_by_signal)
+            "filtered_action_tokens": n_tokens_before - n_tokens,
             "generation_s": dt,
             "episodes_per_s": len(rollouts) / dt if dt > 0 else 0.0,
             "completion_tokens": n_tokens,

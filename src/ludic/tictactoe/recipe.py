@@ -88,6 +88,9 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     group_size: int = 8
     """Sampled answers per position."""
     rl_lr: float = 2e-4
+    rl_scale_lr_by_signal: bool = False
+    """Scale each RL step's lr by the share of its trained tokens with a nonzero advantage
+    (``TrainerConfig.scale_lr_by_signal``): positions the policy already answers right add no step."""
     rl_temperature: float = 1.0
     lora_rank: int = 16
     """Rank of the RL adapter (alpha = 2 x rank)."""
@@ -220,6 +223,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     rl_cfg = PositionRLConfig(positions_per_step=cfg.positions_per_step, group_size=cfg.group_size,
                               temperature=cfg.rl_temperature, seed=cfg.seed,
                               trainer=TrainerConfig(lr=cfg.rl_lr, max_grad_norm=1.0,
+                                                    scale_lr_by_signal=cfg.rl_scale_lr_by_signal,
                                                     micro_token_budget=cfg.micro_token_budget))
     rl_logger = make_logger(cfg.logger, rl_dir, asdict(rl_cfg), total_steps=None)
     rl = PositionGRPO(model, tok, engine, view, rl_cfg, rl_dir, logger=rl_logger)

@@ -64,7 +64,9 @@ class TrainerConfig:
     (logged as ``lr_scale``). Adam moves every weight by about ``lr`` per step whatever the batch holds, so
     from a good policy, where most GRPO groups have zero variance, a full step rests on the one or two
     groups that differ; and a step with no signal at all still moves the weights on Adam's momentum. With
-    this on, a step moves as far as its evidence: half the tokens informative, half the step; none, none."""
+    this on, a step moves as far as its evidence: half the tokens informative, half the step; none, none.
+    Tokens a sample filter dropped (``drop_zero_weight``: DAPO, MMD) count as tokens without signal, so a
+    filter does not undo the scale."""
     master_weights: bool = True
     """Mixed precision for a bf16 / fp16 model (``--dtype``): the optimizer keeps fp32 master weights and
     fp32 AdamW state, gradients sum and clip in fp32, the model computes in its dtype. --no-master-weights

@@ -9,9 +9,13 @@ from ludic.distributed import reduce_floats
 from ludic.types import SAWItem
 
 
-def zero_adv_token_share(items: list[SAWItem]) -> float:
-    """The share of the admitted action tokens (over all ranks) whose weight is 0; 1.0 for no tokens."""
-    zero = total = 0
+def zero_adv_token_share(items: list[SAWItem], dropped_tokens: float = 0.0) -> float:
+    """The share of the action tokens (over all ranks) whose weight is 0; 1.0 for no tokens.
+
+    ``dropped_tokens``: action tokens of the same batch a sample filter removed (``drop_zero_weight`` under
+    DAPO, MMD, tic-tac-toe's position RL), counted as tokens without signal: the share is then the same
+    with the filter as without it."""
+    zero = total = dropped_tokens
     for it in items:
         total += it.num_action_tokens
         if it.token_weights is None:  # one weight for the item: no per-token pass
@@ -21,6 +25,12 @@ def zero_adv_token_share(items: list[SAWItem]) -> float:
             zero += sum(1 for m, w in zip(mask, it.token_weights) if m and w == 0.0)
     zero, total = reduce_floats([zero, total])
     return zero / total if total else 1.0
+
+
+def kept_token_share(items: list[SAWItem], dropped_tokens: float) -> float:
+    """The share of a batch's action tokens (over all ranks) that a sample filter kept; 1.0 for no tokens."""
+    kept, dropped = reduce_floats([sum(it.num_action_tokens for it in items), dropped_tokens])
+    return kept / (kept + dropped) if kept + dropped else 1.0
 
 
 def no_signal_message(streak: int, metrics: dict[str, Any]) -> str:

@@ -52,7 +52,7 @@ from ludic.tokenization import pad_token_id_for
 from ludic.training.packed import packable
 from ludic.training.precision import MasterWeights, lr_scaled, make_optimizer, make_scheduler
 from ludic.training.reference import REFERENCE_FILE, ReferencePolicy
-from ludic.training.signal import no_signal_message, zero_adv_token_share
+from ludic.training.signal import kept_token_share, no_signal_message, zero_adv_token_share
 from ludic.types import SAWItem
 
 
@@ -138,6 +138,9 @@ class Trainer:
         """Optimizer steps in a row skipped for a non-finite loss or gradient norm."""
         self.no_signal_streak = 0
         """Steps in a row in which every trained token had advantage 0 (``max_no_signal_steps``)."""
+        self.kept_token_share = 1.0
+        """The share of this batch's action tokens its source's sample filter kept (``filtered_action_tokens``
+        in the batch meta): ``scale_lr_by_signal`` counts the dropped ones as tokens without signal."""
         self.nonfinite_total = 0
         self.started = False
         """Whether the starting weights were published (``publish_start``)."""
@@ -180,10 +183,15 @@ class Trainer:
         if reduce_floats([len(items)])[0] == 0:  # no trainable item on any rank
             return self._empty_step(metrics)
         self.empty_streak = 0
-        share = zero_adv_token_share(items)
+        dropped = float(batch.meta.get("filtered_action_tokens", 0.0))
+        share = zero_adv_token_share(items, dropped)
+        self.kept_token_share = kept_token_share(items, dropped)
         self.no_signal_streak = self.no_signal_streak + 1 if share == 1.0 else 0
         metrics.update(zero_adv_token_share=share, no_signal_streak=self.no_signal_streak)
-        metrics.update(self.optimize_batch(items))
+        try:
+            metrics.update(self.optimize_batch(items))
+        finally:
+            self.kept_token_share = 1.0  # optimize() called directly: its items are the whole batch
         self._adapt_kl(metrics, len(items))
         self.scheduler.step()
         self.step += 1
@@ -343,7 +351,8 @@ class Trainer:
             norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
             if bool(torch.isfinite(norm)) and math.isfinite(loss):
                 torch.nn.utils.clip_grads_with_norm_(params, self.cfg.max_grad_norm, grad_norm)
-                scale = 1.0 - zero_adv_token_share(items) if self.cfg.scale_lr_by_signal else 1.0
+                scale = ((1.0 - zero_adv_token_share(items)) * self.kept_token_share
+                         if self.cfg.scale_lr_by_signal else 1.0)
                 with lr_scaled(self.optimizer, scale):
                     self.optimizer.step()
                 metrics["lr_scale"] = scale
