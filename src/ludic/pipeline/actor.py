@@ -39,10 +39,6 @@ from ludic.pipeline.streams import ActorStatus, PipelineStreams, SampleReader, S
 log = logging.getLogger(__name__)
 
 
-# --------------------------------------------------------------------------- weights
-
-
-
 def stamped_items(batch: Any, actor_id: str) -> list[Any]:
     """The batch's items with what the learner needs from their actor batch in each item's meta: the actor,
     the batch's ``zero_var_group_share`` (no silent non-learning), and the action tokens its sample filter
@@ -54,6 +50,10 @@ def stamped_items(batch: Any, actor_id: str) -> list[Any]:
     if batch.meta.get("filtered_action_tokens") and kept:
         stamp["filtered_tokens_per_token"] = batch.meta["filtered_action_tokens"] / kept
     return [replace(it, meta={**it.meta, **stamp}) for it in batch.items]
+
+
+# --------------------------------------------------------------------------- weights
+
 
 class AnnouncingPublisher:
     """The learner's publisher: store version ``v``'s weights (a peft adapter's tensors, or the
