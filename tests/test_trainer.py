@@ -169,15 +169,17 @@ def test_scale_lr_by_signal_moves_the_weights_as_far_as_the_batch_has_signal(tin
     signal = [SAWItem((5, 6, 7), (8, 9), 1.0), SAWItem((5, 6, 7), (10, 11), -1.0)]
     silent = [SAWItem((5, 6, 7), (12, 13), 0.0), SAWItem((5, 6, 7), (14, 15), 0.0)]
 
-    def moved(scale: bool, batches) -> list[dict[str, torch.Tensor]]:
+    def moved(scale: bool, batches, full_step_signal=1.0) -> list[dict[str, torch.Tensor]]:
         model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
         trainer = Trainer(model, make_algorithm("reinforce"), FixedSource([]),
-                          TrainerConfig(lr=1e-3, scale_lr_by_signal=scale), pad_token_id=tok.pad_token_id)
+                          TrainerConfig(lr=1e-3, scale_lr_by_signal=scale, full_step_signal=full_step_signal),
+                          pad_token_id=tok.pad_token_id)
         out = []
         for batch in batches:
             before = _lora_params(model)
             m = trainer.optimize(batch)
-            assert m["lr_scale"] == (1.0 - sum(it.weight == 0 for it in batch) / len(batch) if scale else 1.0)
+            signal = 1.0 - sum(it.weight == 0 for it in batch) / len(batch)
+            assert m["lr_scale"] == (min(1.0, signal / full_step_signal) if scale else 1.0)
             out.append({n: p - before[n] for n, p in _lora_params(model).items()})
         return out
 
@@ -186,6 +188,9 @@ def test_scale_lr_by_signal_moves_the_weights_as_far_as_the_batch_has_signal(tin
     assert max(float(d.abs().max()) for d in full.values()) > 0
     for n in full:
         torch.testing.assert_close(half[n], 0.5 * full[n], rtol=1e-4, atol=1e-9)
+    (half_full,) = moved(True, [signal + silent], full_step_signal=0.5)  # half informative: a full step
+    for n in full:
+        torch.testing.assert_close(half_full[n], full[n], rtol=1e-4, atol=1e-9)
     _, plain = moved(False, [signal, silent])
     _, scaled = moved(True, [signal, silent])
     assert max(float(d.abs().max()) for d in plain.values()) > 0  # momentum alone moved them

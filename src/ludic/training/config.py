@@ -67,6 +67,10 @@ class TrainerConfig:
     this on, a step moves as far as its evidence: half the tokens informative, half the step; none, none.
     Tokens a sample filter dropped (``drop_zero_weight``: DAPO, MMD) count as tokens without signal, so a
     filter does not undo the scale."""
+    full_step_signal: float = 1.0
+    """With ``scale_lr_by_signal``: the share of tokens with signal at which a step is full size; the scale
+    is min(1, share / full_step_signal). 1.0: proportional to the share; 0.5: full steps from half the
+    tokens informative, smaller steps below that, none without signal."""
     master_weights: bool = True
     """Mixed precision for a bf16 / fp16 model (``--dtype``): the optimizer keeps fp32 master weights and
     fp32 AdamW state, gradients sum and clip in fp32, the model computes in its dtype. --no-master-weights
@@ -89,6 +93,8 @@ class TrainerConfig:
     """PPO inner loop: optimizer steps per pass (the batch is shuffled and split)."""
 
     def __post_init__(self) -> None:
+        if not 0.0 < self.full_step_signal <= 1.0:
+            raise ValueError(f"full_step_signal must be in (0, 1], got {self.full_step_signal}")
         if self.ppo_epochs < 1 or self.num_minibatches < 1:
             raise ValueError(
                 f"ppo_epochs ({self.ppo_epochs}) and num_minibatches ({self.num_minibatches}) must be >= 1"

@@ -351,8 +351,8 @@ class Trainer:
             norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
             if bool(torch.isfinite(norm)) and math.isfinite(loss):
                 torch.nn.utils.clip_grads_with_norm_(params, self.cfg.max_grad_norm, grad_norm)
-                scale = ((1.0 - zero_adv_token_share(items)) * self.kept_token_share
-                         if self.cfg.scale_lr_by_signal else 1.0)
+                signal = (1.0 - zero_adv_token_share(items)) * self.kept_token_share
+                scale = min(1.0, signal / self.cfg.full_step_signal) if self.cfg.scale_lr_by_signal else 1.0
                 with lr_scaled(self.optimizer, scale):
                     self.optimizer.step()
                 metrics["lr_scale"] = scale
