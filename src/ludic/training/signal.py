@@ -27,10 +27,21 @@ def zero_adv_token_share(items: list[SAWItem], dropped_tokens: float = 0.0) -> f
     return zero / total if total else 1.0
 
 
-def kept_token_share(items: list[SAWItem], dropped_tokens: float) -> float:
-    """The share of a batch's action tokens (over all ranks) that a sample filter kept; 1.0 for no tokens."""
-    kept, dropped = reduce_floats([sum(it.num_action_tokens for it in items), dropped_tokens])
-    return kept / (kept + dropped) if kept + dropped else 1.0
+def batch_signal(items: list[SAWItem], meta: dict[str, Any]) -> tuple[float, float]:
+    """A batch's (zero_adv_token_share, the share of its action tokens its sample filter kept), over all
+    ranks; the filter's dropped tokens (``filtered_action_tokens`` in the batch meta) count as zero."""
+    dropped = float(meta.get("filtered_action_tokens", 0.0))
+    kept, all_dropped = reduce_floats([sum(it.num_action_tokens for it in items), dropped])
+    return zero_adv_token_share(items, dropped), kept / (kept + all_dropped) if kept + all_dropped else 1.0
+
+
+def lr_scale(items: list[SAWItem], kept_token_share: float, cfg: Any) -> float:
+    """The factor on one optimizer step's learning rate (``TrainerConfig.scale_lr_by_signal``): the share of
+    its tokens with signal (those ``items`` carry, times the share of the batch the filter kept), over
+    ``full_step_signal``, at most 1; 1.0 when the option is off."""
+    if not cfg.scale_lr_by_signal:
+        return 1.0
+    return min(1.0, (1.0 - zero_adv_token_share(items)) * kept_token_share / cfg.full_step_signal)
 
 
 def no_signal_message(streak: int, metrics: dict[str, Any]) -> str:

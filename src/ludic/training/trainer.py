@@ -52,7 +52,7 @@ from ludic.tokenization import pad_token_id_for
 from ludic.training.packed import packable
 from ludic.training.precision import MasterWeights, lr_scaled, make_optimizer, make_scheduler
 from ludic.training.reference import REFERENCE_FILE, ReferencePolicy
-from ludic.training.signal import kept_token_share, no_signal_message, zero_adv_token_share
+from ludic.training.signal import batch_signal, lr_scale, no_signal_message
 from ludic.types import SAWItem
 
 
@@ -138,9 +138,6 @@ class Trainer:
         """Optimizer steps in a row skipped for a non-finite loss or gradient norm."""
         self.no_signal_streak = 0
         """Steps in a row in which every trained token had advantage 0 (``max_no_signal_steps``)."""
-        self.kept_token_share = 1.0
-        """The share of this batch's action tokens its source's sample filter kept (``filtered_action_tokens``
-        in the batch meta): ``scale_lr_by_signal`` counts the dropped ones as tokens without signal."""
         self.nonfinite_total = 0
         self.started = False
         """Whether the starting weights were published (``publish_start``)."""
@@ -176,22 +173,15 @@ class Trainer:
         batch = await self.source.next_batch()
         t_data = time.perf_counter() - t0
         items, admitted = self._admit(batch.items)
-        metrics: dict[str, Any] = {
-            k: v for k, v in batch.meta.items() if isinstance(v, (int, float, bool))
-        }
+        metrics: dict[str, Any] = {k: v for k, v in batch.meta.items() if isinstance(v, (int, float, bool))}
         metrics.update(admitted, data_s=t_data)
         if reduce_floats([len(items)])[0] == 0:  # no trainable item on any rank
             return self._empty_step(metrics)
         self.empty_streak = 0
-        dropped = float(batch.meta.get("filtered_action_tokens", 0.0))
-        share = zero_adv_token_share(items, dropped)
-        self.kept_token_share = kept_token_share(items, dropped)
+        share, kept = batch_signal(items, batch.meta)
         self.no_signal_streak = self.no_signal_streak + 1 if share == 1.0 else 0
         metrics.update(zero_adv_token_share=share, no_signal_streak=self.no_signal_streak)
-        try:
-            metrics.update(self.optimize_batch(items))
-        finally:
-            self.kept_token_share = 1.0  # optimize() called directly: its items are the whole batch
+        metrics.update(self.optimize_batch(items, kept))
         self._adapt_kl(metrics, len(items))
         self.scheduler.step()
         self.step += 1
@@ -272,16 +262,17 @@ class Trainer:
                 kept.append(cut)
         return kept, {"stale_dropped": stale, "seq_truncated": cut_n, "seq_dropped": dropped}
 
-    def optimize_batch(self, items: list[SAWItem]) -> dict[str, Any]:
+    def optimize_batch(self, items: list[SAWItem], kept_token_share: float = 1.0) -> dict[str, Any]:
         """All optimizer steps on one collected batch: ``ppo_epochs`` shuffled passes of
-        ``num_minibatches`` steps each (one step when both are 1, the default).
+        ``num_minibatches`` steps each (one step when both are 1, the default). ``kept_token_share``: the
+        share of the batch's action tokens its sample filter kept (``signal.batch_signal``).
 
         Returns the metrics of the steps averaged, with the clip fraction, ratio and loss of
         each pass under ``<name>/epoch_<e>``.
         """
         c = self.cfg
         if c.ppo_epochs == 1 and c.num_minibatches == 1:
-            return self.optimize(items)
+            return self.optimize(items, kept_token_share)
         steps: list[dict[str, Any]] = []
         out: dict[str, Any] = {}
         for epoch in range(c.ppo_epochs):
@@ -289,7 +280,7 @@ class Trainer:
             random.Random(self.step * 1_000_003 + epoch).shuffle(order)  # same on every rank, resumable
             k, r = divmod(len(order), c.num_minibatches)
             bounds = [i * k + min(i, r) for i in range(c.num_minibatches + 1)]
-            epoch_steps = [self.optimize(order[bounds[i]:bounds[i + 1]]) for i in range(c.num_minibatches)]
+            epoch_steps = [self.optimize(order[bounds[i]:bounds[i + 1]], kept_token_share) for i in range(c.num_minibatches)]
             steps += epoch_steps
             for key in ("clip_frac", "ratio_mean", "ratio_max", "loss"):
                 vals = [m[key] for m in epoch_steps if key in m]
@@ -306,12 +297,12 @@ class Trainer:
                    train_tokens_per_s=train_tokens / train_s if train_s > 0 else 0.0)
         return out
 
-    def optimize(self, items: list[SAWItem]) -> dict[str, Any]:
+    def optimize(self, items: list[SAWItem], kept_token_share: float = 1.0) -> dict[str, Any]:
         """One optimizer step on ``items`` (synchronous; the LR schedule is stepped by the caller)."""
         with fastpath.scoped(self.cfg.fast_path):
-            return self._optimize(items)
+            return self._optimize(items, kept_token_share)
 
-    def _optimize(self, items: list[SAWItem]) -> dict[str, Any]:
+    def _optimize(self, items: list[SAWItem], kept_token_share: float) -> dict[str, Any]:
         t0 = time.perf_counter()
         self.reference.anchor(self.model)  # the first step of a fresh run fixes the KL reference
         loss_cfg = getattr(self.algorithm, "loss", None)
@@ -351,8 +342,7 @@ class Trainer:
             norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
             if bool(torch.isfinite(norm)) and math.isfinite(loss):
                 torch.nn.utils.clip_grads_with_norm_(params, self.cfg.max_grad_norm, grad_norm)
-                signal = (1.0 - zero_adv_token_share(items)) * self.kept_token_share
-                scale = min(1.0, signal / self.cfg.full_step_signal) if self.cfg.scale_lr_by_signal else 1.0
+                scale = lr_scale(items, kept_token_share, self.cfg)
                 with lr_scaled(self.optimizer, scale):
                     self.optimizer.step()
                 metrics["lr_scale"] = scale
