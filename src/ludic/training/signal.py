@@ -9,13 +9,9 @@ from ludic.distributed import reduce_floats
 from ludic.types import SAWItem
 
 
-def zero_adv_token_share(items: list[SAWItem], dropped_tokens: float = 0.0) -> float:
-    """The share of the action tokens (over all ranks) whose weight is 0; 1.0 for no tokens.
-
-    ``dropped_tokens``: action tokens of the same batch a sample filter removed (``drop_zero_weight`` under
-    DAPO, MMD, tic-tac-toe's position RL), counted as tokens without signal: the share is then the same
-    with the filter as without it."""
-    zero = total = dropped_tokens
+def _zero_and_total(items: list[SAWItem]) -> tuple[float, float]:
+    """This rank's (action tokens whose weight is 0, action tokens)."""
+    zero = total = 0
     for it in items:
         total += it.num_action_tokens
         if it.token_weights is None:  # one weight for the item: no per-token pass
@@ -23,16 +19,23 @@ def zero_adv_token_share(items: list[SAWItem], dropped_tokens: float = 0.0) -> f
         else:
             mask = it.action_mask or (1,) * len(it.completion_ids)
             zero += sum(1 for m, w in zip(mask, it.token_weights) if m and w == 0.0)
-    zero, total = reduce_floats([zero, total])
+    return zero, total
+
+
+def zero_adv_token_share(items: list[SAWItem]) -> float:
+    """The share of the action tokens (over all ranks) whose weight is 0; 1.0 for no tokens."""
+    zero, total = reduce_floats(list(_zero_and_total(items)))
     return zero / total if total else 1.0
 
 
 def batch_signal(items: list[SAWItem], meta: dict[str, Any]) -> tuple[float, float]:
     """A batch's (zero_adv_token_share, the share of its action tokens its sample filter kept), over all
-    ranks; the filter's dropped tokens (``filtered_action_tokens`` in the batch meta) count as zero."""
-    dropped = float(meta.get("filtered_action_tokens", 0.0))
-    kept, all_dropped = reduce_floats([sum(it.num_action_tokens for it in items), dropped])
-    return zero_adv_token_share(items, dropped), kept / (kept + all_dropped) if kept + all_dropped else 1.0
+    ranks, in one reduction. The tokens a sample filter removed (``filtered_action_tokens`` in the batch
+    meta: ``drop_zero_weight`` under DAPO, MMD, tic-tac-toe's position RL) count as tokens without signal,
+    so the share is the same with the filter as without it; 1.0 for no tokens."""
+    zero, total, dropped = reduce_floats([*_zero_and_total(items), float(meta.get("filtered_action_tokens", 0.0))])
+    everything = total + dropped
+    return ((zero + dropped) / everything, total / everything) if everything else (1.0, 1.0)
 
 
 def lr_scale(items: list[SAWItem], kept_token_share: float, cfg: Any) -> float:
