@@ -96,3 +96,31 @@ def test_a_resumed_train_env_run_draws_the_seeds_the_uninterrupted_run_would(tin
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert len(set(seeds(whole))) == 4  # 2 steps x 2 seeds (groups of 2 share one)
     assert sorted(seeds(cut)) == sorted(seeds(whole))
+
+
+@pytest.mark.slow
+def test_keep_best_chooses_on_validation_episodes_apart_from_the_test_ones(tiny_model_dir, tmp_path):
+    """Was: --keep-best chose the kept step on the held-out test episodes and then reported the kept weights'
+    score on those same episodes (a number chosen on its own test); and the start was never a candidate, so
+    a run that only made a good policy worse could not keep it. Now the in-training evaluations play
+    ``--val-episodes`` validation episodes apart from the test ones, the start (step 0) among them."""
+    require("reasoning_gym")
+    run = tmp_path / "run"
+    proc = ludic("train", "env", "--env", "reasoning_gym:gcd", "--env-kwargs", '{"config": {"max_value": 20}}',
+                 "--model", str(tiny_model_dir), "--run-dir", str(run), *TINY_RUN[2:], "--train-steps", "2",
+                 "--eval-every", "1", "--keep-best", "--val-episodes", "3")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    kept = summary["kept"]
+    assert kept["episodes"] == 3 and kept["step"] in (0, 1, 2) and kept["last_step"] == 2
+    assert "validation" in kept["note"] and summary["trained"]["episodes"] == 4
+
+    def entries(name):
+        rows = [json.loads(line) for line in (run / name).read_text().splitlines()]
+        return {r["meta"]["reset_info"]["index"] for r in rows}, {r["meta"]["env_seed"] for r in rows}
+
+    (val_idx, val_seeds), (test_idx, test_seeds) = entries("eval_val.jsonl"), entries("eval_trained.jsonl")
+    assert len(val_seeds) == 3 and not val_seeds & test_seeds and not val_idx & test_idx
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(r["step"] for r in logged if "eval/success_rate" in r) == [0, 1, 2]  # the start is a candidate
+    assert "validation episodes" in (run / "report.html").read_text()

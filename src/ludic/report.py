@@ -207,9 +207,11 @@ def _headline_table(metric: str, rows: dict[str, tuple], kept: Any) -> str:
                    f"{'' if n is None else n}</td></tr>" for st, (v, lo, hi, n) in rows.items())
     note = ""
     if isinstance(kept, dict):
+        on = (f"{_fmt(kept['value'])} on {kept['episodes']} validation episodes, apart from the test ones; the last "
+              f"step's: {_fmt(kept.get('last_value'))}" if "episodes" in kept else
+              "this same evaluation (the last step's scores are in the results below)")
         note = (f"<p>Kept weights: step {html.escape(str(kept.get('step')))} of {html.escape(str(kept.get('last_step')))}, "
-                f"chosen by {html.escape(str(kept.get('metric')))} on this same evaluation (the last step's scores "
-                "are in the results below).</p>")
+                f"chosen by {html.escape(str(kept.get('metric')))}: {html.escape(on)}.</p>")
     return (f"<h2>Headline: {html.escape(metric)}</h2><table class='res'><tr><th>stage</th><th>{html.escape(metric)}"
             f"</th><th>95% interval</th><th>episodes</th></tr>{body}</table>{note}")
 

@@ -12,7 +12,8 @@
 
 The run: the packaged model with a LoRA adapter, GRPO (groups of ``group_size`` episodes from one env
 seed), the env's own rewards. It evaluates greedily on held-out seeds (``eval_episodes``) before and
-after training, and every ``eval_every`` steps with ``keep_best``; the headline is the success rate
+after training, and every ``eval_every`` steps on validation seeds apart from those (what ``keep_best``
+chooses on, the start among the candidates); the headline is the success rate
 (``info["success"]`` of an episode's last step, else a positive total reward) with its 95% interval,
 beside the mean reward. A multi-player env is played by self-play (``--opponent self``: every seat is
 the policy and trains) or against a frozen copy of the starting policy (``--opponent frozen``: the
@@ -43,8 +44,8 @@ from typing import Any, Callable
 from ludic.envs.registry import import_attr
 from ludic.errors import UsageError
 from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock, load_policy_for
-from ludic.recipes.env_setup import (EVAL_SEED_BASE, EnvConfig, env_metrics, eval_requests, evaluate_episodes,
-                                     format_summary, probe_env, protocols, register_python_env)
+from ludic.recipes.env_setup import (EVAL_SEED_BASE, VAL_SEED_FIRST, EnvConfig, env_metrics, eval_requests,
+                                     evaluate_episodes, format_summary, probe_env, protocols, register_python_env)
 from ludic.training.config import TrainerConfig
 from ludic.types import EnvSpec, RolloutRequest
 
@@ -65,10 +66,14 @@ class TrainEnvConfig(ModelBlock, LoraBlock, GRPOBlock, TrainRunBlock):
     eval_episodes: int = 64
     """Held-out episodes (greedy) before and after training; 0: no evaluation."""
     eval_every: int = 0
-    """Also evaluate every N steps (logged as eval/*; 0: before and after only)."""
+    """Also evaluate every N steps on the validation episodes (logged as eval/*; 0: before and after only)."""
+    val_episodes: int = 32
+    """Validation episodes (greedy) of the evaluations during training (--eval-every): held-out seeds apart
+    from the test ones (``env_setup.VAL_SEED_FIRST``), so --keep-best does not choose on the test."""
     keep_best: bool = False
-    """End on the weights of the best evaluation (by success rate; needs --eval-every); the summary and the
-    report show the last evaluation beside the kept one, chosen on that same evaluation."""
+    """End on the weights of the best validation evaluation (by success rate; needs --eval-every), the start
+    (step 0) among the candidates; the summary and the report show the last step's validation score beside
+    the kept one, and the test episodes score the kept weights."""
     format_demos: str = ""
     """Example replies (.jsonl / .txt) or module:function (observation -> reply) for a format cold start."""
     format_demo_steps: int = 10
@@ -245,12 +250,15 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     """Seconds per part of this process's run (a resumed run counts from its resume)."""
     start = time.monotonic()
     held_out = eval_requests(cfg.env, env, cfg.eval_episodes) if cfg.eval_episodes else []
+    validation = eval_requests(cfg.env, env, cfg.val_episodes, first=VAL_SEED_FIRST) if cfg.eval_every else []
 
-    async def evaluate(stage: str | None = None) -> dict[str, Any]:
-        out = run_dir / f"eval_{stage}.jsonl" if stage else None
+    async def evaluate(stage: str = "val") -> dict[str, Any]:
+        """A test stage on the held-out episodes, or ``val``: the validation ones (``eval_val.jsonl`` holds the
+        latest)."""
+        reqs = validation if stage == "val" else held_out
         with _timed(wall, "eval"):
-            m = await evaluate_episodes(eval_protos, held_out, out, desc=f"eval {stage or ''}".strip())
-        if stage:
+            m = await evaluate_episodes(eval_protos, reqs, run_dir / f"eval_{stage}.jsonl", desc=f"eval {stage}")
+        if stage != "val":
             results[stage] = m
             print(format_summary(f"[env] {stage}", m), flush=True)
         return m
@@ -259,13 +267,12 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     source = rollout_source(cfg, env, train_protos, run_dir, algo)
     logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
     keep = "success_rate" if cfg.keep_best else ""
-    if keep and not (held_out and cfg.eval_every):
-        raise ValueError("--keep-best needs --eval-every N and --eval-episodes > 0")
+    if keep and not validation:
+        raise ValueError("--keep-best needs --eval-every N and --val-episodes > 0")
     trainer = Trainer(
         model, algo, source, trainer_config(cfg),
         publisher=InProcessPublisher(engine), logger=logger, checkpoint_dir=run_dir / "checkpoints", tokenizer=tok,
-        evaluator=(lambda: evaluate()) if held_out and cfg.eval_every else None, eval_every=cfg.eval_every,
-        keep_best=keep)
+        evaluator=evaluate if validation else None, eval_every=cfg.eval_every, keep_best=keep)
     try:
         if cfg.resume:
             trainer.resume()
@@ -284,14 +291,17 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
                                    seed=cfg.seed, publisher=InProcessPublisher(engine))
                 if held_out:
                     await evaluate("format_demos")
+            if keep:  # the start is a candidate: RL that only makes a good policy worse keeps it
+                await trainer.evaluate()
         with _timed(wall, "train"):  # its in-training evaluations included
             await trainer.train(cfg.train_steps)
+        if keep and trainer.best:
+            b = trainer.best
+            results["kept"] = {"step": b["step"], "metric": keep, "value": b["value"], "last_step": b["last_step"],
+                               "last_value": b["last_eval"][keep], "episodes": len(validation),
+                               "note": f"chosen on {len(validation)} validation episodes, apart from the test episodes"}
+            results["last"] = b["last_eval"]
         if held_out:
-            last = trainer.best.get("last_eval")
-            if keep and trainer.best:
-                results["kept"] = {"step": trainer.best["step"], "metric": keep, "last_step": trainer.best["last_step"],
-                                   "note": "the kept step is chosen on this same evaluation"}
-                results["last"] = last
             await evaluate("trained")
         if cfg.final_save:
             trainer.save()

@@ -16,6 +16,10 @@ from ludic.types import EnvSpec, Rollout, RolloutRequest
 
 EVAL_SEED_BASE = 1_000_000_000
 """Evaluation episodes use env seeds from here up; training seeds are drawn below it."""
+VAL_SEED_FIRST = 500
+"""Validation episodes (the evaluations during training that ``--keep-best`` chooses on) use the seeds from
+``EVAL_SEED_BASE + VAL_SEED_FIRST`` up: apart from test runs of up to 500 episodes (the test seeds count from
+``EVAL_SEED_BASE``), and on reasoning-gym's 1000-entry eval split other questions than those."""
 
 
 @dataclass
@@ -160,13 +164,15 @@ def summarize(rollouts: Sequence[Rollout]) -> dict[str, Any]:
             "turns_mean": statistics.fmean(len(r.steps) for r in ok) if ok else 0.0}
 
 
-def eval_requests(opts: EnvConfig, env: Any, episodes: int) -> list[RolloutRequest]:
-    """Held-out episodes: seeds from ``EVAL_SEED_BASE``, the env's eval split; multi-player envs alternate
-    the policy's seat against the frozen one (``seat<k>`` protocols)."""
+def eval_requests(opts: EnvConfig, env: Any, episodes: int, first: int = 0) -> list[RolloutRequest]:
+    """Held-out episodes: seeds from ``EVAL_SEED_BASE + first`` (0: the test episodes, ``VAL_SEED_FIRST``:
+    the validation ones), the env's eval split; multi-player envs alternate the policy's seat against the
+    frozen one (``seat<k>`` protocols)."""
     n_seats = len(env.agent_ids)
     spec = EnvSpec(opts.env, _eval_kwargs(opts))
     return [RolloutRequest(spec, protocol="single_agent" if n_seats == 1 else f"seat{i % n_seats}",
-                           env_seed=EVAL_SEED_BASE + i, sampling_seed=i, max_steps=opts.max_turns or None)
+                           env_seed=EVAL_SEED_BASE + first + i, sampling_seed=first + i,
+                           max_steps=opts.max_turns or None)
             for i in range(episodes)]
 
 
