@@ -141,3 +141,23 @@ def test_auto_device_follows_the_machine_and_ludic_device(tiny_model_dir, monkey
     monkeypatch.setenv("LUDIC_DEVICE", "meta")  # a device the loader then really uses
     model, _ = load_policy(str(tiny_model_dir), dtype="float32")
     assert next(model.parameters()).device.type == "meta"
+
+
+def test_a_trainer_built_before_another_trained_the_model_steps_from_that_training(tiny_model_dir):
+    """``ludic train env --format-demos`` builds the RL Trainer, then a format SFT (its own Trainer) trains
+    the model. Was, for bf16 weights with fp32 masters (full fine-tuning): the RL trainer's masters still
+    held the weights from before the SFT and the gradient hooks fed the SFT trainer's masters, so the first
+    RL step wrote the old weights back and the SFT was lost."""
+    model, tok, w = _bf16_model_one_trainable(tiny_model_dir)
+    rl, items = _trainer(model, tok)
+    before = w.detach().clone()
+    sft = Trainer(model, make_sft(), FixedSource(items), TrainerConfig(lr=0.05, max_grad_norm=1e9),
+                  pad_token_id=tok.pad_token_id)  # a large step: the bf16 weights surely change
+    sft.optimize(items)
+    after_sft = w.detach().clone()
+    assert not torch.equal(after_sft, before)
+    rl.optimize(items)  # one RL step of LR: a small move from the SFT's weights, not back to the old ones
+    moved_from_sft = (w.detach().float() - after_sft.float()).abs().max()
+    assert float(moved_from_sft) < 0.02, f"the RL step moved the weights {float(moved_from_sft):.3f} from the SFT's"
+    (master,) = rl.masters.params
+    assert torch.equal(w.detach(), master.detach().to(torch.bfloat16))

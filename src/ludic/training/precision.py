@@ -19,6 +19,9 @@ bf16 model (same kernels, same speed, no cast per step):
   data-parallel all-reduce and the norm clipping see fp32 gradients;
 - after the optimizer step the masters are rounded (to nearest) into the model's parameters, which
   is what the next forward, the engine and every publisher read;
+- a parameter has one master, shared by every Trainer built on the model (a format SFT's and the RL
+  Trainer built before it, in ``ludic train env``): each steps from where the other left the weights. A
+  new Trainer takes a parameter's weights afresh when something else changed them since (a load);
 - fp16 (GPUs without bf16) also scales the loss (``backward``) dynamically, as torch's GradScaler
   does: gradients that overflow skip the step and halve the scale, 2000 clean steps double it.
 
@@ -70,7 +73,9 @@ class MasterWeights:
                     f"a sharded {p.dtype} parameter {tuple(p.shape)}: FSDP2 keeps fp32 masters itself when it "
                     "shards fp32 parameters under a MixedPrecisionPolicy (training.fsdp.shard_model); pass "
                     "master_weights=False only to train the low-precision shards themselves")
-            master = torch.nn.Parameter(p.detach().to(torch.float32, copy=True))
+            master = getattr(p, "_ludic_master", None)
+            if master is None or not torch.equal(master.detach().to(p.dtype), p.detach()):
+                master = torch.nn.Parameter(p.detach().to(torch.float32, copy=True))
             p._ludic_master = master  # type: ignore[attr-defined]  # read by the hook (one hook per parameter)
             if not getattr(p, "_ludic_master_hook", False):
                 p.register_post_accumulate_grad_hook(_move_grad_to_master)
