@@ -22,7 +22,8 @@ def train_env(tiny_model_dir, run, *spec):
 
 
 TINY_RUN = ("--train-steps", "1", "--group-size", "2", "--prompts-per-step", "2", "--eval-episodes", "4",
-            "--max-completion-tokens", "8", "--max-no-signal-steps", "0", "--logger", "none", "--dtype", "float32")
+            "--max-completion-tokens", "8", "--max-no-signal-steps", "0", "--logger", "none", "--dtype", "float32",
+            "--val-episodes", "2")
 
 
 @pytest.mark.slow
@@ -43,7 +44,8 @@ def test_train_env_on_a_reasoning_gym_task_and_eval_env_on_its_adapter(tiny_mode
     page = (run / "report.html").read_text()
     assert page.index("Headline: success_rate") < page.index("Learning curves")
     trainer = json.loads((run / "config.json").read_text())["trainer"]
-    assert trainer["lr"] == 2e-4 and trainer["scale_lr_by_signal"] is True  # the measured defaults (README)
+    assert trainer["lr"] == 2e-4 and trainer["scale_lr_by_signal"] is False  # the measured defaults (README)
+    assert summary["kept"]["episodes"] == 2 and summary["kept"]["last_step"] == 1  # keep-best on validation
 
     out = tmp_path / "eval.jsonl"
     proc = ludic("eval", "env", "--env", "reasoning_gym:gcd", "--env-kwargs", '{"config": {"max_value": 20}}',
