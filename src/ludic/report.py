@@ -128,7 +128,7 @@ def _stage_columns(data: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
     for key in ("results", None):
         node = data.get(key) if key else data
         if isinstance(node, dict) and len(node) >= 2:
-            stages = {k: v for k, v in node.items() if isinstance(v, dict)}
+            stages = {k: v for k, v in node.items() if isinstance(v, dict) and k != "kept"}  # kept: keep-best's note
             if len(stages) >= 2:
                 rest = {k: v for k, v in data.items() if k != key} if key else {k: v for k, v in node.items() if k not in stages}
                 return stages, rest
@@ -194,7 +194,7 @@ def headline_html(run_dir: Path) -> str:
         if key is None:
             continue
         rows = {st: (v.get(key), v.get(f"{key}_ci95_low"), v.get(f"{key}_ci95_high"), None) for st, v in flat.items()}
-        return _headline_table(key, rows, None)
+        return _headline_table(key, rows, data.get("kept"))
     return ""
 
 
@@ -207,8 +207,8 @@ def _headline_table(metric: str, rows: dict[str, tuple], kept: Any) -> str:
                    f"{'' if n is None else n}</td></tr>" for st, (v, lo, hi, n) in rows.items())
     note = ""
     if isinstance(kept, dict):
-        on = (f"{_fmt(kept['value'])} on {kept['episodes']} validation episodes, apart from the test ones; the last "
-              f"step's: {_fmt(kept.get('last_value'))}" if "episodes" in kept else
+        on = (f"{_fmt(kept['value'])} ({kept['note']}); the last step's: {_fmt(kept.get('last_value'))}"
+              if "episodes" in kept else
               "this same evaluation (the last step's scores are in the results below)")
         note = (f"<p>Kept weights: step {html.escape(str(kept.get('step')))} of {html.escape(str(kept.get('last_step')))}, "
                 f"chosen by {html.escape(str(kept.get('metric')))}: {html.escape(on)}.</p>")

@@ -208,3 +208,28 @@ def test_train_qa_with_tool_demos_reports_each_stage(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="add --tools"):
         train_qa(TrainQAConfig(model=str(tiny_model_dir), tool_demos=1, train_steps=1, eval_limit=0,
                                run_dir=str(tmp_path / "r2"), logger="none"))
+
+
+def test_train_qa_keep_best_chooses_on_held_out_training_records(tiny_model_dir, tmp_path):
+    """``--eval-every --keep-best``: the validation records are the training split's last ones, never
+    trained on; the start (after the tool demos) is a candidate; the test split scores the kept weights."""
+    import json
+
+    from ludic.recipes.qa import QAOptions, TrainQAConfig, train_qa
+
+    run = tmp_path / "run"
+    out = train_qa(TrainQAConfig(model=str(tiny_model_dir), qa=QAOptions(data="arith:40", tools=True, max_completion_tokens=8),
+                                 tool_demos=1, train_steps=2, eval_limit=2, group_size=2, prompts_per_step=2,
+                                 eval_every=1, keep_best=True, val_limit=3, run_dir=str(run), logger="none",
+                                 dtype="float32"))
+    kept = out["kept"]
+    assert kept["episodes"] == 3 and kept["step"] in (0, 1, 2) and kept["last_step"] == 2 and "records" in kept["note"]
+    val = {json.loads(line)["question"] for line in (run / "eval_val.jsonl").read_text().splitlines()}
+    trained = {json.loads(line)["steps"][0]["prev_obs"] for line in (run / "rollouts.jsonl").read_text().splitlines()}
+    assert len(val) == 3 and not any(q in obs for q in val for obs in trained)
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(r["step"] for r in logged if "eval/accuracy" in r) == [0, 1, 2]
+    assert "validation records" in (run / "report.html").read_text()
+    with pytest.raises(ValueError, match="--keep-best needs --eval-every"):
+        train_qa(TrainQAConfig(model=str(tiny_model_dir), keep_best=True, train_steps=1, eval_limit=0,
+                               run_dir=str(tmp_path / "r2"), logger="none"))

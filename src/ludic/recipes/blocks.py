@@ -219,3 +219,12 @@ def load_policy_for(cfg: ModelBlock, **kwargs: Any) -> tuple[Any, Any]:
         args["lora"] = cfg.lora_settings()
     args.update(kwargs)
     return load_policy(args.pop("model"), **args)
+
+
+def kept_summary(best: dict[str, Any], validation: int, unit: str = "episodes") -> dict[str, Any]:
+    """The ``kept`` entry of a run's results under keep-best (``Trainer.best``, chosen on ``validation``
+    held-out items apart from the test ones): the kept step and its score beside the last step's."""
+    key = best["metric"]
+    return {"step": best["step"], "metric": key, "value": best["value"], "last_step": best["last_step"],
+            "last_value": best["last_eval"][key], "episodes": validation,
+            "note": f"chosen on {validation} validation {unit}, apart from the test {unit}"}

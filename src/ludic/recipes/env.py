@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from ludic.envs.registry import import_attr
 from ludic.errors import UsageError
-from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock, load_policy_for
+from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock, kept_summary, load_policy_for
 from ludic.recipes.env_setup import (EVAL_SEED_BASE, VAL_SEED_FIRST, EnvConfig, env_metrics, eval_requests,
                                      evaluate_episodes, format_summary, probe_env, protocols, register_python_env)
 from ludic.training.config import TrainerConfig
@@ -297,11 +297,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
         with _timed(wall, "train"):  # its in-training evaluations included
             await trainer.train(cfg.train_steps)
         if keep and trainer.best:
-            b = trainer.best
-            results["kept"] = {"step": b["step"], "metric": keep, "value": b["value"], "last_step": b["last_step"],
-                               "last_value": b["last_eval"][keep], "episodes": len(validation),
-                               "note": f"chosen on {len(validation)} validation episodes, apart from the test episodes"}
-            results["last"] = b["last_eval"]
+            results["kept"], results["last"] = kept_summary(trainer.best, len(validation)), trainer.best["last_eval"]
         if held_out:
             await evaluate("trained")
         if cfg.final_save:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ludic.recipes.blocks import (EvalInferenceBlock, GRPOBlock, InferenceBlock, LoraBlock, ModelBlock, TrainRunBlock,
-                                  load_policy_for)
+                                  kept_summary, load_policy_for)
 from ludic.training.config import TrainerConfig
 from ludic.types import Rollout
 
@@ -237,6 +237,14 @@ class TrainQAConfig(ModelBlock, LoraBlock, GRPOBlock, InferenceBlock, TrainRunBl
     eval_limit: int = 100
     """Held-out records evaluated (greedy) before and after training (0: no evaluation)."""
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=5e-5))
+    eval_every: int = 0
+    """Also evaluate every N steps on the --val-limit validation records (logged as eval/*)."""
+    val_limit: int = 50
+    """Validation records of --eval-every / --keep-best: the last ones of the training split, held out of
+    training (the test split stays for the before / after evaluation)."""
+    keep_best: bool = False
+    """End on the weights of the best validation accuracy (needs --eval-every), the start (after the tool
+    demos) among the candidates; the test split then scores the kept weights."""
     tool_demos: int = 0
     """With --tools: first this many SFT steps on teacher transcripts (a calculator call on the record's
     expression, then the result as the answer), written through the same agent and template; 0: none."""
@@ -283,6 +291,12 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
     if cfg.prompts_per_step % world:
         raise ValueError(f"--prompts-per-step {cfg.prompts_per_step} must be a multiple of the {world} ranks")
     records = load_qa_records(cfg.qa.data, cfg.split, cfg.qa.question_key, cfg.qa.answer_key)
+    if (cfg.eval_every or cfg.keep_best) and world > 1:
+        raise ValueError("--eval-every / --keep-best run on one process (the validation evaluation is rank 0's)")
+    validation = records[-cfg.val_limit:] if cfg.eval_every and 0 < cfg.val_limit < len(records) else []
+    records = records[:len(records) - len(validation)]
+    if cfg.keep_best and not validation:
+        raise ValueError("--keep-best needs --eval-every N and --val-limit > 0")
     held_out = (load_qa_records(cfg.qa.data, cfg.eval_split, cfg.qa.question_key, cfg.qa.answer_key,
                                 cfg.eval_limit) if cfg.eval_limit and rank == 0 else [])
     run_dir = Path(broadcast_object(str(cfg.resolve_run_dir("qa"))))
@@ -304,6 +318,12 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
             model.train()
             results[stage] = m
             print(format_metrics(f"[qa] {stage} ({cfg.eval_split})", m), flush=True)
+
+    async def validate() -> dict[str, Any]:
+        model.eval()
+        m = await evaluate_records(inf.client, cfg.qa, validation, out=run_dir / "eval_val.jsonl")
+        model.train()
+        return m
 
     order = list(range(len(records)))
     random.Random(cfg.seed).shuffle(order)
@@ -330,7 +350,8 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
         replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
                 norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.qa.max_completion_tokens),
         publisher=inf.publisher, logger=logger, checkpoint_dir=run_dir / "checkpoints",
-        tokenizer=tok, pad_token_id=tok.pad_token_id,
+        tokenizer=tok, pad_token_id=tok.pad_token_id, evaluator=validate if validation else None,
+        eval_every=cfg.eval_every, keep_best="accuracy" if cfg.keep_best else "",
     )
     try:
         if cfg.resume:
@@ -341,7 +362,11 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
             if cfg.tool_demos:
                 await run_tool_demos(cfg, model, tok, records, inf.publisher)
                 await evaluate("after_demos")
+            if cfg.keep_best:  # the start is a candidate: RL that only makes it worse keeps it
+                await trainer.evaluate()
         await trainer.train(cfg.train_steps)
+        if cfg.keep_best and trainer.best:
+            results["kept"] = kept_summary(trainer.best, len(validation), unit="records")
         if cfg.final_save:
             trainer.save()
         await evaluate("after")
