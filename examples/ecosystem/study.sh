@@ -1,12 +1,13 @@
 #!/bin/bash
 # The five-task study of the README ("RL with the defaults on tasks we did not write"): `ludic train env`
-# with its defaults on the packaged model, three training seeds per task, one run at a time (two runs on
-# 2 cores slow each other and change the wall times). Then: python examples/ecosystem/table.py runs/study --larger runs/study/eval256
+# with its defaults on the packaged model (full lr 2e-4 steps, keep-best on 32 validation episodes every 5
+# steps), three training seeds per task, one run at a time (two runs on 2 cores slow each other and change
+# the wall times). Then: python examples/ecosystem/table.py runs/study_v3 --larger runs/study_v3/eval256
 #
 #   bash examples/ecosystem/study.sh [seeds...]      (default: 0 1 2)
 set -u
 SEEDS=${*:-0 1 2}
-OUT=${OUT:-runs/study}
+OUT=${OUT:-runs/study_v3}
 train() {  # name, then ludic train env flags
   name=$1; shift
   for s in $SEEDS; do

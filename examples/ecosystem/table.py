@@ -1,8 +1,8 @@
 """The README's five-task table from the study's run directories (``examples/ecosystem/study.sh``).
 
-    python examples/ecosystem/table.py runs/study
+    python examples/ecosystem/table.py runs/study_v3
 
-    python examples/ecosystem/table.py runs/study --larger runs/study/eval256
+    python examples/ecosystem/table.py runs/study_v3 --larger runs/study_v3/eval256
 
 Each ``<task>-s<seed>/summary.json`` holds the held-out success rate (greedy, 64 episodes, 95% Wilson
 interval) before training ("base"), after the format cold start when there was one ("format_demos": then
@@ -84,7 +84,8 @@ def main(root: str, larger: str | None = None) -> None:
         walls = [wall_minutes(Path(root) / f"{task}-s{seed}", s) for seed, s in got]
         lo_w, hi_w = round(min(walls)), round(max(walls))
         wall = f"{lo_w} min" if lo_w == hi_w else f"{lo_w}-{hi_w} min"
-        per_seed = ", ".join(f"s{seed} {pct(s['trained']['success_rate'])}" for seed, s in got)
+        per_seed = ", ".join(f"s{seed} {pct(s['trained']['success_rate'])}"
+                             + (f" (kept step {s['kept']['step']})" if "kept" in s else "") for seed, s in got)
         print(f"| {task} (`{first['env']}`) | {ci(start)}{label} | {per_seed}{' (one below its start)' if worse else ''} "
               f"| {mean}, {len(got)} seed{'s' * (len(got) > 1)} x {n} ep. | {beyond} | {gain} | {wall} |")
     if larger:
@@ -115,7 +116,7 @@ def larger_table(d: Path) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("root", nargs="?", default="runs/study")
+    ap.add_argument("root", nargs="?", default="runs/study_v3")
     ap.add_argument("--larger", help="a folder of larger held-out evaluations (see the docstring)")
     args = ap.parse_args()
     main(args.root, args.larger)
