@@ -211,8 +211,8 @@ def test_train_qa_with_tool_demos_reports_each_stage(tiny_model_dir, tmp_path):
 
 
 def test_train_qa_keep_best_chooses_on_held_out_training_records(tiny_model_dir, tmp_path):
-    """``--eval-every --keep-best``: the validation records are the training split's last ones, never
-    trained on; the start (after the tool demos) is a candidate; the test split scores the kept weights."""
+    """``--eval-every --keep-best``: the validation records are the eval split's after the test ones, never
+    trained on; the start (after the tool demos) is a candidate; the test records score the kept weights."""
     import json
 
     from ludic.recipes.qa import QAOptions, TrainQAConfig, train_qa
@@ -226,7 +226,8 @@ def test_train_qa_keep_best_chooses_on_held_out_training_records(tiny_model_dir,
     assert kept["episodes"] == 3 and kept["step"] in (0, 1, 2) and kept["last_step"] == 2 and "records" in kept["note"]
     val = {json.loads(line)["question"] for line in (run / "eval_val.jsonl").read_text().splitlines()}
     trained = {json.loads(line)["steps"][0]["prev_obs"] for line in (run / "rollouts.jsonl").read_text().splitlines()}
-    assert len(val) == 3 and not any(q in obs for q in val for obs in trained)
+    test = {json.loads(line)["question"] for line in (run / "eval_after.jsonl").read_text().splitlines()}
+    assert len(val) == 3 and len(test) == 2 and not val & test and not any(q in obs for q in val for obs in trained)
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert sorted(r["step"] for r in logged if "eval/accuracy" in r) == [0, 1, 2]
     assert "validation records" in (run / "report.html").read_text()

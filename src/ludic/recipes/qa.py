@@ -240,8 +240,8 @@ class TrainQAConfig(ModelBlock, LoraBlock, GRPOBlock, InferenceBlock, TrainRunBl
     eval_every: int = 0
     """Also evaluate every N steps on the --val-limit validation records (logged as eval/*)."""
     val_limit: int = 50
-    """Validation records of --eval-every / --keep-best: the last ones of the training split, held out of
-    training (the test split stays for the before / after evaluation)."""
+    """Validation records of --eval-every / --keep-best: the eval split's records after the --eval-limit
+    test ones (never trained on, and apart from the records that score the run)."""
     keep_best: bool = False
     """End on the weights of the best validation accuracy (needs --eval-every), the start (after the tool
     demos) among the candidates; the test split then scores the kept weights."""
@@ -293,12 +293,15 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
     records = load_qa_records(cfg.qa.data, cfg.split, cfg.qa.question_key, cfg.qa.answer_key)
     if (cfg.eval_every or cfg.keep_best) and world > 1:
         raise ValueError("--eval-every / --keep-best run on one process (the validation evaluation is rank 0's)")
-    validation = records[-cfg.val_limit:] if cfg.eval_every and 0 < cfg.val_limit < len(records) else []
-    records = records[:len(records) - len(validation)]
-    if cfg.keep_best and not validation:
+    if cfg.keep_best and not (cfg.eval_every and cfg.val_limit > 0):
         raise ValueError("--keep-best needs --eval-every N and --val-limit > 0")
+    n_val = cfg.val_limit if cfg.eval_every and rank == 0 else 0
     held_out = (load_qa_records(cfg.qa.data, cfg.eval_split, cfg.qa.question_key, cfg.qa.answer_key,
-                                cfg.eval_limit) if cfg.eval_limit and rank == 0 else [])
+                                cfg.eval_limit + n_val) if (cfg.eval_limit or n_val) and rank == 0 else [])
+    held_out, validation = held_out[:len(held_out) - n_val] if n_val else held_out, held_out[-n_val:] if n_val else []
+    if n_val and (len(validation) < n_val or len(held_out) < cfg.eval_limit):
+        raise ValueError(f"split {cfg.eval_split!r} has {len(held_out) + len(validation)} records: fewer than "
+                         f"--eval-limit {cfg.eval_limit} test records plus --val-limit {cfg.val_limit} validation ones")
     run_dir = Path(broadcast_object(str(cfg.resolve_run_dir("qa"))))
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
