@@ -415,6 +415,31 @@ def test_keep_best_ends_on_the_best_evaluated_weights(tiny_model_dir, tmp_path):
                             tokenizer=trainer.tokenizer).train(1))
 
 
+def test_a_resumed_run_keeps_the_best_it_evaluated_before_the_crash(tiny_model_dir, tmp_path):
+    """Was: ``trainer.best`` and the best weights lived in memory only, so after a crash and ``resume`` the
+    run ended on the best of the evaluations after the resume (here step 3's 0.2), not step 2's 0.9."""
+    def make(scores):
+        model, engine, trainer = vowel_grpo_trainer(tiny_model_dir, tmp_path, TrainerConfig(lr=5e-2, checkpoint_every=1))
+        it = iter(scores)
+
+        async def evaluator():
+            return {"success_rate": next(it)}
+
+        trainer.evaluator, trainer.eval_every, trainer.keep_best = evaluator, 1, "success_rate"
+        return model, trainer
+
+    model, trainer = make([0.5, 0.9])
+    seen = {}
+    asyncio.run(trainer.train(2, lambda step, m: seen.__setitem__(step, _lora_params(model))))  # "crashes" after 2
+    model, resumed = make([0.2])
+    assert resumed.resume() and resumed.step == 2
+    assert resumed.best["step"] == 2 and resumed.best["value"] == 0.9
+    asyncio.run(resumed.train(3))
+    assert resumed.best["step"] == 2 and resumed.best["last_step"] == 3
+    now = _lora_params(model)
+    assert all(torch.equal(now[n], seen[2][n]) for n in now)
+
+
 def test_the_padding_id_comes_from_the_tokenizer_by_default(tiny_model_dir):
     model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
     want = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id

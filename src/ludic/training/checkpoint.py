@@ -210,6 +210,39 @@ MASTER_WEIGHTS_FILE = "master_weights.safetensors"
 """fp32 master weights of a mixed-precision run, beside ``model/`` (which holds them rounded)."""
 
 
+BEST_FILE = "best_weights.safetensors"
+"""Keep-best (``Trainer.keep_best``): the trainable weights of the best evaluation so far, at full precision,
+with its record (``Trainer.best``) in the file's metadata, in the checkpoint root; written when a new best
+is found."""
+
+
+def save_best(root: str | Path, best: dict[str, Any], weights: dict[str, torch.Tensor]) -> None:
+    """Write keep-best's weights and record in one file (written aside, then renamed: crash-safe)."""
+    from safetensors.torch import save_file
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(root / f".tmp_{BEST_FILE}"),
+              metadata={"best": json.dumps(best, default=float)})
+    os.replace(root / f".tmp_{BEST_FILE}", root / BEST_FILE)
+
+
+def load_best(root: str | Path, step: int) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
+    """Keep-best's record and weights for a run resumed at ``step``: ({}, None) when there are none, or when
+    they come from after ``step`` (a crash between the best evaluation and the next checkpoint: the resumed
+    run evaluates those steps again)."""
+    from safetensors import safe_open
+
+    f = Path(root) / BEST_FILE
+    if not f.exists():
+        return {}, None
+    with safe_open(str(f), framework="pt") as st:
+        best = json.loads((st.metadata() or {}).get("best", "{}"))
+        if int(best.get("step", step + 1)) > step:
+            return {}, None
+        return best, {k: st.get_tensor(k) for k in st.keys()}
+
+
 def load_master_weights(path: str | Path) -> dict[str, torch.Tensor] | None:
     """The fp32 masters a checkpoint saved, or None (an fp32 or pure low-precision run)."""
     f = Path(path) / MASTER_WEIGHTS_FILE

@@ -41,7 +41,7 @@ from ludic.rollouts.batch import BatchSource
 from ludic.training.algorithms import Algorithm
 from ludic.training.frozen_cache import FrozenBottomCache
 from ludic.training.microbatch import collate, split_by_token_budget, truncate_item
-from ludic.training.checkpoint import latest_checkpoint, load_checkpoint, load_master_weights, save_checkpoint
+from ludic.training.checkpoint import latest_checkpoint, load_best, load_checkpoint, load_master_weights, save_best, save_checkpoint
 from ludic.training.config import TrainerConfig
 from ludic.training.data_parallel import (all_reduce_grads, global_totals, idle_forward_backward, sum_over_ranks,
                                           token_means_over_ranks)
@@ -78,10 +78,9 @@ class Trainer:
             steps and at the last step of ``train`` (logged as ``eval/<metric>``).
         eval_every: evaluate every this many steps (0: only at the last step of ``train``).
         keep_best: keep the best weights by this evaluator metric (``success_rate``: higher is better;
-            ``-nash_conv``: a leading minus, lower is better): after ``train`` the trainable weights are
-            those of the best evaluation, and ``trainer.best`` says which step and what the last step
-            scored. The kept step is chosen on the same evaluation it is reported on, so report it beside
-            the last one. "": the last stay.
+            ``-nash_conv``: lower is better): ``train`` ends on the best evaluation's weights (saved in
+            ``checkpoint_dir`` when found, so a resume keeps them), ``trainer.best`` says which step and what
+            the last scored. Evaluate on validation data apart from the test. "": the last weights stay.
         objective: per-micro-batch ``(trainer, micro_batch, totals) -> (loss, stats)``;
             defaults to the policy-gradient objective of ``algorithm.loss`` (DPO supplies its own).
         group_key: item meta key whose items must share a micro-batch (e.g. DPO pairs).
@@ -125,8 +124,7 @@ class Trainer:
         self.pad_token_id = pad_token_id_for(pad_token_id, tokenizer, model)
         self.evaluator, self.eval_every, self.keep_best = evaluator, eval_every, keep_best
         self.best: dict[str, Any] = {}
-        """With ``keep_best``: ``{"step", "metric", "value", "eval", "last_step", "last_eval"}`` of the best
-        evaluation and of the last one."""
+        """keep_best's ``{"step", "metric", "value", "eval", "last_step", "last_eval"}``: the best and last evaluation."""
         self._best_state: dict[str, torch.Tensor] | None = None
         self.objective = objective or policy_gradient_objective
         self.group_key = group_key
@@ -437,6 +435,8 @@ class Trainer:
             if not self.best.get("eval") or sign * result[key] > sign * self.best["value"]:
                 self.best.update(step=self.step, metric=key, value=float(result[key]), eval=result)
                 self._best_state = self.masters.snapshot(self.model)
+                if self.checkpoint_dir is not None and is_rank0():  # a resumed run still knows it
+                    save_best(self.checkpoint_dir, self.best, self._best_state)
         return out
 
     @torch.no_grad()
@@ -489,6 +489,7 @@ class Trainer:
             self.masters.load_state_dict(self.model, load_master_weights(path) or {})
         self.reference.load(path, state.get("reference"), self.model)
         self.step = int(state["step"])
+        self.best, self._best_state = load_best(Path(path).parent, self.step) if self.keep_best else ({}, None)
         self.policy_version = int(state.get("policy_version", self.step))
         if "kl_coef" in state and self.cfg.kl_target is not None:  # the adaptive controller's position
             self.algorithm = dataclasses.replace(
