@@ -57,3 +57,6 @@ def test_the_pipeline_refuses_the_format_cold_start_with_the_way_to_run_it(tiny_
 
     with pytest.raises(UsageError, match="ludic train env"):
         ENV.load(EnvPipelineConfig(model=str(tiny_model_dir), format_demos="demos.txt"))
+    with pytest.raises(UsageError, match="--keep-best run in `ludic train env` only"):
+        ENV.load(EnvPipelineConfig(model=str(tiny_model_dir), keep_best=True, eval_every=5))
+    assert not EnvPipelineConfig().keep_best and EnvPipelineConfig().eval_every == 0  # train env's default is off here

@@ -30,6 +30,11 @@ from ludic.recipes.env_setup import probe_env
 class EnvPipelineConfig(TrainEnvConfig, PipelineBlock):
     """An actor or the learner of pipeline RL on any environment (``ludic train env``'s flags, and Redis)."""
 
+    eval_every: int = 0
+    """Not in the pipeline: evaluation and keep-best run in ``ludic train env``."""
+    keep_best: bool = False
+    """Not in the pipeline (see ``eval_every``)."""
+
 
 def _source(cfg: EnvPipelineConfig, engine: Any, model: Any, tok: Any, run_dir: Path) -> Any:
     from ludic.training.algorithms import algorithm_for
@@ -39,6 +44,9 @@ def _source(cfg: EnvPipelineConfig, engine: Any, model: Any, tok: Any, run_dir: 
 
 
 def _load(cfg: EnvPipelineConfig) -> tuple[Any, Any]:
+    if cfg.eval_every or cfg.keep_best:
+        raise UsageError("--eval-every / --keep-best run in `ludic train env` only: the pipeline's learner does not "
+                         "evaluate; evaluate its checkpoints with `ludic eval env --adapter ...`")
     if cfg.format_demos:
         raise UsageError("--format-demos runs in `ludic train env` only: run it there (e.g. with --train-steps 0), "
                          "then give its final adapter to the pipeline with --adapter")
