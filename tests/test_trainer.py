@@ -410,6 +410,10 @@ def test_keep_best_ends_on_the_best_evaluated_weights(tiny_model_dir, tmp_path):
     assert trainer.best["step"] == 5 and trainer.best["metric"] == "nash_conv" and trainer.best["value"] == 0.2
     now = _lora_params(model)
     assert all(torch.equal(now[n], seen[5][n]) for n in now)
+    scores = iter([0.25, 0.5, 0.5])  # a tie goes to the later step: as good on validation, and trained longer
+    trainer.keep_best, trainer.best, trainer.evaluator = "success_rate", {}, evaluator
+    asyncio.run(trainer.train(9, on_step))
+    assert trainer.best["step"] == 9 and trainer.best["value"] == 0.5
     with pytest.raises(ValueError, match="keep_best='success_rate' needs an evaluator"):
         asyncio.run(Trainer(model, make_sft(), FixedSource([]), keep_best="success_rate",
                             tokenizer=trainer.tokenizer).train(1))

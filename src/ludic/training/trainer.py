@@ -78,9 +78,9 @@ class Trainer:
             steps and at the last step of ``train`` (logged as ``eval/<metric>``).
         eval_every: evaluate every this many steps (0: only at the last step of ``train``).
         keep_best: keep the best weights by this evaluator metric (``success_rate``: higher is better;
-            ``-nash_conv``: lower is better): ``train`` ends on the best evaluation's weights (saved in
-            ``checkpoint_dir`` when found, so a resume keeps them), ``trainer.best`` says which step and what
-            the last scored. Evaluate on validation data apart from the test. "": the last weights stay.
+            ``-nash_conv``: lower is better; a tie goes to the later step): ``train`` ends on the best
+            evaluation's weights (saved in ``checkpoint_dir`` when found, so a resume keeps them);
+            ``trainer.best`` says which step and what the last scored. Evaluate on validation data. "": off.
         objective: per-micro-batch ``(trainer, micro_batch, totals) -> (loss, stats)``;
             defaults to the policy-gradient objective of ``algorithm.loss`` (DPO supplies its own).
         group_key: item meta key whose items must share a micro-batch (e.g. DPO pairs).
@@ -432,7 +432,7 @@ class Trainer:
             if key not in result:
                 raise KeyError(f"keep_best={self.keep_best!r}: the evaluator returned no such metric ({sorted(result)})")
             self.best.update(last_step=self.step, last_eval=result)
-            if not self.best.get("eval") or sign * result[key] > sign * self.best["value"]:
+            if not self.best.get("eval") or sign * result[key] >= sign * self.best["value"]:  # a tie: the later
                 self.best.update(step=self.step, metric=key, value=float(result[key]), eval=result)
                 self._best_state = self.masters.snapshot(self.model)
                 if self.checkpoint_dir is not None and is_rank0():  # a resumed run still knows it
