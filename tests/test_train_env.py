@@ -126,3 +126,4 @@ def test_keep_best_chooses_on_validation_episodes_apart_from_the_test_ones(tiny_
     logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert sorted(r["step"] for r in logged if "eval/success_rate" in r) == [0, 1, 2]  # the start is a candidate
     assert "validation episodes" in (run / "report.html").read_text()
+    assert set(summary["headline"]["stages"]) == {"base", "trained"}  # test stages only; validation in the note

@@ -297,7 +297,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
         with _timed(wall, "train"):  # its in-training evaluations included
             await trainer.train(cfg.train_steps)
         if keep and trainer.best:
-            results["kept"], results["last"] = kept_summary(trainer.best, len(validation)), trainer.best["last_eval"]
+            results["kept"], results["last_val"] = kept_summary(trainer.best, len(validation)), trainer.best["last_eval"]
         if held_out:
             await evaluate("trained")
         if cfg.final_save:
@@ -362,11 +362,12 @@ def _timed(wall: dict[str, float], key: str) -> Any:
 
 
 def _headline(results: dict[str, Any]) -> dict[str, Any]:
-    """``{stage: {value, low, high, n}}`` of the success rate, for the report's first table."""
+    """``{stage: {value, low, high, n}}`` of the success rate on the test episodes, for the report's first table
+    (the last step's validation score goes in the keep-best note below it)."""
     return {"metric": "success_rate", "stages": {
         stage: {"value": m["success_rate"], "low": m["success_ci95_low"], "high": m["success_ci95_high"],
                 "n": m["episodes"], "reward_mean": m["reward_mean"]}
-        for stage, m in results.items() if isinstance(m, dict) and "success_ci95_low" in m}}
+        for stage, m in results.items() if isinstance(m, dict) and "success_ci95_low" in m and stage != "last_val"}}
 
 
 # --------------------------------------------------------------------------------------------- eval
