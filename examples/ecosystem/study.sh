@@ -36,6 +36,9 @@ CHAIN=(--env reasoning_gym:chain_sum --env-kwargs '{"config":{"min_terms":2,"max
 train chain_sum "${CHAIN[@]}"
 eval256 chain_sum "${CHAIN[@]}"
 train gcd --env reasoning_gym:gcd --env-kwargs '{"config":{"min_value":2,"max_value":40}}'
+# from the second screen (after gcd moved within noise under every default): products learned, lcm less
+train products --env reasoning_gym:products --env-kwargs '{"config":{"min_terms":2,"max_terms":2,"min_digits":1,"max_digits":1}}'
+train lcm --env reasoning_gym:lcm --env-kwargs '{"config":{"min_value":2,"max_value":20}}'
 # TextArena: a one-player game (its own partial-credit reward; a guess is "[n]", so replies stop at 24 tokens:
 # at the default 64 a step took 100-120 s, the model filling each of up to 10 turns) and a two-player one
 # against the frozen start (one round: three rounds played alike at about 7x the time)
