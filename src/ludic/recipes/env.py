@@ -72,7 +72,7 @@ class TrainEnvConfig(ModelBlock, LoraBlock, GRPOBlock, TrainRunBlock):
     """Validation episodes (greedy) of the evaluations during training (--eval-every): held-out seeds apart
     from the test ones (``env_setup.VAL_SEED_FIRST``), so --keep-best does not choose on the test."""
     keep_best: bool = True
-    """End on the weights of the best validation evaluation (by success rate; needs --eval-every), the start
+    """End on the weights of the best validation evaluation (by success rate; off when --eval-every is 0), the start
     (step 0) among the candidates; the summary and the report show the last step's validation score beside
     the kept one, and the test episodes score the kept weights."""
     format_demos: str = ""
@@ -267,9 +267,9 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     algo = algorithm_for(cfg)
     source = rollout_source(cfg, env, train_protos, run_dir, algo)
     logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
-    keep = "success_rate" if cfg.keep_best else ""
-    if keep and not validation:
-        raise ValueError("--keep-best needs --eval-every N and --val-episodes > 0")
+    keep = "success_rate" if cfg.keep_best and validation else ""
+    if cfg.keep_best and not validation:  # on by default: --eval-every 0 turns it off, and says so
+        print("[env] keep-best is off: no evaluations during training (--eval-every 0 or --val-episodes 0)", flush=True)
     trainer = Trainer(
         model, algo, source, trainer_config(cfg),
         publisher=InProcessPublisher(engine), logger=logger, checkpoint_dir=run_dir / "checkpoints", tokenizer=tok,
