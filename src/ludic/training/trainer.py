@@ -489,7 +489,7 @@ class Trainer:
             self.masters.load_state_dict(self.model, load_master_weights(path) or {})
         self.reference.load(path, state.get("reference"), self.model)
         self.step = int(state["step"])
-        self.best, self._best_state = load_best(Path(path).parent, self.step) if self.keep_best else ({}, None)
+        self.best, self._best_state = load_best(Path(path).parent, self.step)  # used when keep_best is set, now or later
         self.policy_version = int(state.get("policy_version", self.step))
         if "kl_coef" in state and self.cfg.kl_target is not None:  # the adaptive controller's position
             self.algorithm = dataclasses.replace(
