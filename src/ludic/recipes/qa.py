@@ -298,8 +298,8 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
     n_val = cfg.val_limit if cfg.eval_every and rank == 0 else 0
     held_out = (load_qa_records(cfg.qa.data, cfg.eval_split, cfg.qa.question_key, cfg.qa.answer_key,
                                 cfg.eval_limit + n_val) if (cfg.eval_limit or n_val) and rank == 0 else [])
-    held_out, validation = held_out[:len(held_out) - n_val] if n_val else held_out, held_out[-n_val:] if n_val else []
-    if n_val and (len(validation) < n_val or len(held_out) < cfg.eval_limit):
+    held_out, validation = held_out[:cfg.eval_limit], held_out[cfg.eval_limit:]
+    if len(validation) < n_val:
         raise ValueError(f"split {cfg.eval_split!r} has {len(held_out) + len(validation)} records: fewer than "
                          f"--eval-limit {cfg.eval_limit} test records plus --val-limit {cfg.val_limit} validation ones")
     run_dir = Path(broadcast_object(str(cfg.resolve_run_dir("qa"))))
