@@ -10,7 +10,7 @@ from conftest import require
 from ludic.agents.agent import Agent
 from ludic.context import make_context
 from ludic.envs.registry import make_env
-from ludic.inference.client import FunctionClient, SamplingParams
+from ludic.inference.client import FunctionClient
 from ludic.interaction import MultiAgentProtocol, SingleAgentProtocol
 from ludic.rollouts.engine import RolloutEngine
 from ludic.types import EnvSpec, RolloutRequest
@@ -46,6 +46,37 @@ def test_textarena_single_player_game_through_the_protocol(tokenizer):
     assert last.terminated and last.reward == 1.0 and last.info["outcome"] == "win" and last.info["success"] == 1.0
     assert 1 <= len(r.steps) <= 5  # bisection over 1..20
     assert "[GAME]" in r.steps[0].prev_obs and "Guess The Number" in r.steps[0].prev_obs
+
+
+def test_textarena_new_observations_make_an_episode_one_training_sequence(tokenizer):
+    """observations="new": after the first turn an agent sees only what the game added since its last
+    turn, in a growing dialog, so every turn's prompt extends the previous one token for token and the
+    episode trains as one sequence (the whole history read once), where TextArena's whole-game text
+    (observations="full", the default) gives one item per turn, each carrying the history again."""
+    require("textarena")
+    from ludic.rollouts.batch import build_saw_items
+    from ludic.rollouts.credit import MonteCarloReturn
+
+    def play(observations, context):
+        client = FunctionClient(tokenizer, bisect(r"between (\d+) and (\d+)", lambda g: f"[{g}]"))
+        env = make_env(EnvSpec("textarena:GuessTheNumber-v0", {"observations": observations}))
+        assert env.preferred_context == context
+        engine = RolloutEngine({"single_agent": lambda: SingleAgentProtocol(Agent(client, make_context(context)))})
+        (r,) = run(engine, [RolloutRequest(EnvSpec("textarena:GuessTheNumber-v0", {"observations": observations}),
+                                           env_seed=7)])
+        return r
+
+    full, new = play("full", "last"), play("new", "full")
+    assert len(new.steps) == len(full.steps) >= 3 and new.total_reward == full.total_reward == 1.0
+    assert "Guess The Number" in new.steps[0].prev_obs and "Guess The Number" not in new.steps[1].prev_obs
+    assert new.steps[1].prev_obs in full.steps[1].prev_obs and re.search(r"higher|lower", new.steps[1].prev_obs)
+    [item] = build_saw_items([new], MonteCarloReturn())
+    assert item.meta["turns"] == len(new.steps)
+    per_turn = build_saw_items([full], MonteCarloReturn())
+    assert len(per_turn) == len(full.steps)
+    assert item.num_tokens < sum(it.num_tokens for it in per_turn)
+    with pytest.raises(ValueError, match="observations must be 'full' or 'new'"):
+        make_env(EnvSpec("textarena:GuessTheNumber-v0", {"observations": "delta"}))
 
 
 def test_textarena_two_player_game_keeps_its_rules_and_rewards(tokenizer):

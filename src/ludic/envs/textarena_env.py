@@ -9,6 +9,15 @@ show each player the whole game so far as one text and accept ``[move]`` answers
     seats=[0]       only player 0 is an agent; ``opponent`` plays the others
     seats="seed"    one agent ``agent_0`` whose player alternates with the reset seed (seed % players)
 
+``observations`` picks how an agent sees the game. ``"full"`` (the default, TextArena's own view): every
+turn the whole game so far as one text, kept alone (``preferred_context = "last"``), so each turn's prompt
+is a new text and trains as an item of its own, the history read again every turn. ``"new"``: the first
+turn the whole text, then only what the game added since the agent's last turn (the opponent's move, the
+game's answer), in a growing dialog (``preferred_context = "full"``); every turn's prompt then extends the
+last token for token and the episode trains as one sequence (``rollouts.batch``): on a 10-turn game about
+a fifth of the tokens. Where a game rewrites its text (the new text does not extend the old), that turn
+gets the whole text again.
+
 The game's own rules stay: its invalid-move handling (an error allowance, or a loss), its turn limit
 and its rewards. A player's reward arrives when the game ends (``env.close()``), as TextArena reports
 it (1 win, -1 loss, 0 draw in two-player games; a score in single-player ones, 1 when solved, partial
@@ -85,14 +94,22 @@ class TextArenaEnv(LudicEnv):
             ``{"max_rounds": 1}`` reaches the game.
         max_turns: the protocol's turn limit for requests that set none (``LudicEnv.max_turns``); the
             game's own limit usually ends it first.
+        observations: ``"full"`` (the whole game each turn) or ``"new"`` (what it added since the agent's
+            last turn, in a dialog); the module docstring.
     """
 
-    preferred_context = "last"
-    """Each observation is the whole game so far (TextArena's default wrappers): the agent keeps only it."""
+    preferred_context: str
+    """``"last"`` for ``observations="full"`` (each observation is the whole game so far: the agent keeps
+    only it), ``"full"`` for ``"new"`` (the agent keeps the dialog)."""
 
     def __init__(self, game_id: str, *, seats: str | Sequence[int] = "all", num_players: int | None = None,
                  opponent: Opponent | None = None, env_kwargs: dict[str, Any] | None = None,
-                 max_turns: int = 64, **game_kwargs: Any) -> None:
+                 max_turns: int = 64, observations: str = "full", **game_kwargs: Any) -> None:
+        if observations not in ("full", "new"):
+            raise ValueError(f"{game_id}: observations must be 'full' or 'new', got {observations!r}")
+        self.observations = observations
+        self.preferred_context = "last" if observations == "full" else "full"
+        self._seen: dict[str, str] = {}
         self.game_id, self.env_kwargs = game_id, {**(env_kwargs or {}), **game_kwargs}
         self.num_players = int(num_players) if num_players else _players(game_id, self.env_kwargs)
         self.opponent, self.max_turns = opponent, max_turns
@@ -132,7 +149,7 @@ class TextArenaEnv(LudicEnv):
         self.seat_of = dict(zip(self._ids, seats))
         self.env = _make(self.game_id, self.env_kwargs)
         self.env.reset(num_players=self.num_players, seed=seed)
-        self._done, self._obs = False, {}
+        self._done, self._obs, self._seen = False, {}, {}
         self._advance()
         info = {"game": self.game_id, "seed": seed, "num_players": self.num_players}
         return {a: (self._obs.get(a, ""), {**info, "seat": p}) for a, p in self.seat_of.items()}
@@ -143,13 +160,21 @@ class TextArenaEnv(LudicEnv):
             player, obs = self.env.get_observation()
             agent = next((a for a, p in self.seat_of.items() if p == player), None)
             if agent is not None:
-                self._current, self._obs[agent] = player, _observation_text(obs)
+                self._current, self._obs[agent] = player, self._show(agent, _observation_text(obs))
                 return {}
             if self.opponent is None:
                 raise RuntimeError(f"{self.game_id}: player {player} must move and no agent or opponent plays it")
             done, _ = self.env.step(self.opponent(player, _observation_text(obs)))
             if done:
                 return self._finish()
+
+    def _show(self, agent: str, text: str) -> str:
+        """What ``agent`` is shown of the game text ``text``: all of it, or (``observations="new"``) what
+        was added since the text it saw last, when the new text extends that one."""
+        seen, self._seen[agent] = self._seen.get(agent), text
+        if self.observations == "new" and seen and text.startswith(seen) and text[len(seen):].strip():
+            return text[len(seen):].strip()
+        return text
 
     def _finish(self) -> dict[str, StepOutcome]:
         self._done, self._current = True, None
