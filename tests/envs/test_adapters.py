@@ -79,6 +79,32 @@ def test_textarena_new_observations_make_an_episode_one_training_sequence(tokeni
         make_env(EnvSpec("textarena:GuessTheNumber-v0", {"observations": "delta"}))
 
 
+def test_textarena_new_observations_are_per_player_in_a_two_player_game():
+    """Each player's dialog gets what the game added since that player's own last turn: the rules
+    once, and every line of the whole-game text it would have seen (the opponent's moves included)."""
+    require("textarena")
+    from ludic.envs.textarena_env import TextArenaEnv
+
+    def play(observations):
+        env = TextArenaEnv("KuhnPoker-v0", observations=observations, max_rounds=2)
+        env.reset(seed=3)
+        seen = {}
+        while env.active_agents:
+            (a,) = env.active_agents
+            seen.setdefault(a, []).append(env.observe(a))
+            text = seen[a][-1].rsplit("available actions", 1)[-1]
+            env.step({a: "[bet]" if "'[bet]'" in text else "[call]"})
+        return seen
+
+    new, full = play("new"), play("full")
+    assert new.keys() == full.keys() == {"player_0", "player_1"}
+    for a, obs in new.items():
+        assert len(obs) == len(full[a]) >= 2 and obs[0] == full[a][0]
+        assert "Game Rules" in obs[0] and all("Game Rules" not in o for o in obs[1:])
+        assert set(full[a][-1].splitlines()) <= set("\n".join(obs).splitlines())
+        assert sum(map(len, obs)) < sum(map(len, full[a]))
+
+
 def test_textarena_two_player_game_keeps_its_rules_and_rewards(tokenizer):
     """Tic-tac-toe, both seats scripted: player 0 takes cells in order, player 1 repeats an occupied cell
     (TextArena's own rule: an invalid move loses), so player 0 gets +1 and player 1 gets -1."""
