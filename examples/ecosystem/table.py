@@ -16,6 +16,10 @@ proportions, from the two Wilson intervals) is printed beside it, the usual test
 ``--larger DIR``: a second table from ``ludic eval env --episodes N --out DIR/<task>-base.jsonl`` (the
 start) and ``--adapter <task>-s<seed>/final --out DIR/<task>-s<seed>.jsonl`` (each trained policy), for
 tasks whose evaluation is cheap enough to run on more held-out episodes.
+
+``examples/ecosystem/results/study_v3`` keeps each finished run's ``summary.json`` and ``config.json``
+(committed: run directories do not outlive the machine they ran on), so the table of those runs prints
+from the repository: ``python examples/ecosystem/table.py examples/ecosystem/results/study_v3``.
 """
 
 import argparse
