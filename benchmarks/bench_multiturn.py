@@ -81,33 +81,22 @@ async def teacher_rollouts(tok, n: int = 16, group: int = 4):
     return await asyncio.gather(*(one(i) for i in range(n)))
 
 
-class GuesserClient:
-    """A ChatClient guessing TextArena's number from the hints in its dialog, as real tokens: episode
-    ``i`` counts up from the lowest number the hints allow (even ``i``) or picks at random in that range."""
+def guesser(seed: int):
+    """A ``FunctionClient`` reply guessing TextArena's number from the hints in its dialog: game ``seed``
+    counts up from the lowest number the hints allow (even seeds) or picks at random in that range."""
+    import re
 
-    def __init__(self, tokenizer, seed: int) -> None:
-        self._tok, self.rng, self.count_up = tokenizer, random.Random(seed), seed % 2 == 0
+    rng, count_up = random.Random(seed), seed % 2 == 0
 
-    @property
-    def tokenizer(self):
-        return self._tok
-
-    async def complete(self, request):
-        import re
-
-        from ludic.inference.client import ChatResponse
-        from ludic.tokenization import render_ids
-        from ludic.types import TokenTrace
-
-        text = "\n".join(m["content"] for m in request.messages if m["role"] != "system")
+    def reply(messages) -> str:
+        text = "\n".join(m["content"] for m in messages if m["role"] != "system")
         lo, hi = 1, 20
         for guess, hint in re.findall(r"(\d+)\D{0,60}?\b(higher|lower)\b", text):
             lo, hi = (max(lo, int(guess) + 1), hi) if hint == "higher" else (lo, min(hi, int(guess) - 1))
-        guess = lo if self.count_up else self.rng.randint(lo, max(lo, hi))
-        reply = f"I will guess {guess}. [{guess}]"
-        prompt = request.prompt_ids or tuple(render_ids(self._tok, request.messages))
-        ids = self._tok(reply, add_special_tokens=False)["input_ids"] + [self._tok.eos_token_id]
-        return ChatResponse(reply, TokenTrace(tuple(prompt), tuple(ids), (-1.0,) * len(ids), (0,) * len(ids)))
+        guess = lo if count_up else rng.randint(lo, max(lo, hi))
+        return f"I will guess {guess}. [{guess}]"
+
+    return reply
 
 
 async def textarena_rollouts(tok, observations: str, n: int = 16, group: int = 4):
@@ -115,11 +104,12 @@ async def textarena_rollouts(tok, observations: str, n: int = 16, group: int = 4
     from ludic.agents.agent import Agent
     from ludic.context import make_context
     from ludic.envs.textarena_env import TextArenaEnv
+    from ludic.inference.client import FunctionClient
     from ludic.interaction import SingleAgentProtocol
 
     async def one(i: int):
         env = TextArenaEnv("GuessTheNumber-v0", observations=observations)
-        agent = Agent(GuesserClient(tok, seed=i), make_context(env.preferred_context))
+        agent = Agent(FunctionClient(tok, guesser(i)), make_context(env.preferred_context))
         [r] = await SingleAgentProtocol(agent).run(env, max_steps=10, env_seed=i // group)
         r.meta["group_id"] = f"g{i // group}"
         return r

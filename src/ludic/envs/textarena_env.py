@@ -14,8 +14,8 @@ turn the whole game so far as one text, kept alone (``preferred_context = "last"
 is a new text and trains as an item of its own, the history read again every turn. ``"new"``: the first
 turn the whole text, then only what the game added since the agent's last turn (the opponent's move, the
 game's answer), in a growing dialog (``preferred_context = "full"``); every turn's prompt then extends the
-last token for token and the episode trains as one sequence (``rollouts.batch``): on a 10-turn game about
-a fifth of the tokens. Where a game rewrites its text (the new text does not extend the old), that turn
+last token for token and the episode trains as one sequence (``rollouts.batch``): on GuessTheNumber
+games of 5.7 turns 3.65x fewer training tokens (``benchmarks/bench_multiturn.py --workload textarena``). Where a game rewrites its text (the new text does not extend the old), that turn
 gets the whole text again.
 
 The game's own rules stay: its invalid-move handling (an error allowance, or a loss), its turn limit
@@ -98,9 +98,6 @@ class TextArenaEnv(LudicEnv):
             last turn, in a dialog); the module docstring.
     """
 
-    preferred_context: str
-    """``"last"`` for ``observations="full"`` (each observation is the whole game so far: the agent keeps
-    only it), ``"full"`` for ``"new"`` (the agent keeps the dialog)."""
 
     def __init__(self, game_id: str, *, seats: str | Sequence[int] = "all", num_players: int | None = None,
                  opponent: Opponent | None = None, env_kwargs: dict[str, Any] | None = None,
@@ -108,7 +105,6 @@ class TextArenaEnv(LudicEnv):
         if observations not in ("full", "new"):
             raise ValueError(f"{game_id}: observations must be 'full' or 'new', got {observations!r}")
         self.observations = observations
-        self.preferred_context = "last" if observations == "full" else "full"
         self._seen: dict[str, str] = {}
         self.game_id, self.env_kwargs = game_id, {**(env_kwargs or {}), **game_kwargs}
         self.num_players = int(num_players) if num_players else _players(game_id, self.env_kwargs)
@@ -129,6 +125,12 @@ class TextArenaEnv(LudicEnv):
         self._current: int | None = None
         self._obs: dict[str, str] = {}
         self._done = True
+
+    @property
+    def preferred_context(self) -> str:
+        """``"last"`` for ``observations="full"`` (each observation is the whole game so far: the agent keeps
+        only it), ``"full"`` for ``"new"`` (the agent keeps the dialog)."""
+        return "last" if self.observations == "full" else "full"
 
     @property
     def agent_ids(self) -> list[str]:
@@ -172,9 +174,8 @@ class TextArenaEnv(LudicEnv):
         """What ``agent`` is shown of the game text ``text``: all of it, or (``observations="new"``) what
         was added since the text it saw last, when the new text extends that one."""
         seen, self._seen[agent] = self._seen.get(agent), text
-        if self.observations == "new" and seen and text.startswith(seen) and text[len(seen):].strip():
-            return text[len(seen):].strip()
-        return text
+        extends = self.observations == "new" and seen and text.startswith(seen)
+        return (text[len(seen):].strip() if extends else "") or text
 
     def _finish(self) -> dict[str, StepOutcome]:
         self._done, self._current = True, None
