@@ -101,6 +101,29 @@ def test_a_resumed_train_env_run_draws_the_seeds_the_uninterrupted_run_would(tin
 
 
 @pytest.mark.slow
+def test_no_resume_in_a_used_run_dir_starts_over_and_moves_the_earlier_run_aside(tiny_model_dir, tmp_path):
+    """Was: ``--no-resume`` in a run directory that held a longer run trained a new run among the old one's
+    files: pruning kept the old run's higher steps and deleted the new checkpoint, a later resume continued
+    the OLD run, and metrics.jsonl mixed both runs' rows. Now the earlier run is moved aside, whole, to a
+    sibling ``<run_dir>.replaced-<time>`` (nothing lost), and the new run starts in an empty directory."""
+    require("reasoning_gym")
+    from ludic.training.checkpoint import latest_checkpoint
+
+    run = tmp_path / "run"
+    args = ("--env", "reasoning_gym:gcd", "--model", str(tiny_model_dir), "--run-dir", str(run), *TINY_RUN[2:],
+            "--eval-episodes", "0", "--eval-every", "0", "--max-to-keep", "1")
+    for extra in (("--train-steps", "2"), ("--train-steps", "1", "--no-resume")):
+        proc = ludic("train", "env", *args, *extra)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert latest_checkpoint(run / "checkpoints").name == "step_000001"  # the new run's, not the old step 2
+    logged = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert logged and max(logged) == 1  # the new run's rows only
+    (old,) = tmp_path.glob("run.replaced-*")
+    assert latest_checkpoint(old / "checkpoints").name == "step_000002" and "moved aside" in proc.stdout
+    assert json.loads((old / "summary.json").read_text())  # the earlier run, whole
+
+
+@pytest.mark.slow
 def test_keep_best_chooses_on_validation_episodes_apart_from_the_test_ones(tiny_model_dir, tmp_path):
     """Was: --keep-best chose the kept step on the held-out test episodes and then reported the kept weights'
     score on those same episodes (a number chosen on its own test); and the start was never a candidate, so

@@ -37,6 +37,7 @@ inheriting them.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,9 +116,53 @@ class TrainRunBlock(RunBlock):
     """A training run's checkpoints (listed with ``RunBlock`` in ``--help``)."""
 
     resume: bool = True
-    """Continue from the latest checkpoint in run_dir if there is one."""
+    """Continue from the latest checkpoint in run_dir if there is one (--no-resume: start over; an earlier run
+    there is moved aside to <run_dir>.replaced-<time>)."""
     final_save: bool = True
     """Save a checkpoint at the end of training (in addition to periodic saves)."""
+
+    def resolve_run_dir(self, prefix: str) -> Path:
+        """``run_dir`` (or a new one); with ``--no-resume``, emptied of an earlier run first (``start_over``)."""
+        path = super().resolve_run_dir(prefix)
+        if not self.resume:
+            start_over(path)
+        return path
+
+
+RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json")
+"""What marks a folder as holding a Ludic run (``start_over`` moves only such a folder)."""
+_started_over: set[Path] = set()
+
+
+def start_over(run_dir: Path) -> Path | None:
+    """``--no-resume`` where ``run_dir`` holds an earlier run: move that run aside, whole, to the sibling
+    ``<run_dir>.replaced-<time>`` and return where it went (None when there was none). The new run then
+    starts in an empty folder: trained among the old files, its checkpoints were pruned in favour of the
+    old run's higher steps, a later resume continued the old run, and ``metrics.jsonl`` mixed the two.
+
+    Once per folder per process (the pipeline's learner resolves its run dir again), on rank 0 only (every
+    rank resolves it, then they share rank 0's)."""
+    from ludic.distributed import is_rank0
+    from ludic.errors import UsageError
+
+    run_dir = run_dir.resolve()
+    if run_dir in _started_over or not is_rank0():
+        return None
+    _started_over.add(run_dir)
+    if not any((run_dir / f).exists() for f in RUN_FILES):
+        return None
+    if Path.cwd().resolve().is_relative_to(run_dir):
+        raise UsageError(f"--no-resume would move the earlier run in {run_dir} aside, but it holds the working "
+                         "directory: give another --run-dir")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest = run_dir.with_name(f"{run_dir.name}.replaced-{stamp}")
+    for n in range(1, 1000):
+        if not dest.exists():
+            break
+        dest = run_dir.with_name(f"{run_dir.name}.replaced-{stamp}-{n}")
+    run_dir.rename(dest)
+    print(f"[ludic] --no-resume: the earlier run in {run_dir} was moved aside to {dest}", flush=True)
+    return dest
 
 
 @dataclass
