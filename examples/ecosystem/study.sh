@@ -42,10 +42,10 @@ train lcm --env reasoning_gym:lcm --env-kwargs '{"config":{"min_value":2,"max_va
 # TextArena: a one-player game (its own partial-credit reward; a guess is "[n]", so replies stop at 24 tokens:
 # at the default 64 a step took 100-120 s, the model filling each of up to 10 turns) and a two-player one
 # against the frozen start (one round: three rounds played alike at about 7x the time)
-# Its observations are what each turn added, in a dialog (the adapter's default, {"observations": "new"}): a game then trains as
+# Its observations are what each turn added, in a dialog ({"observations": "new"}): a game then trains as
 # one sequence instead of one item per turn each re-reading the history (3.65x fewer tokens at 5.7
 # turns, benchmarks/bench_multiturn.py --workload textarena); the base model scores the same either way (4.7%)
-train ta_guess --env textarena:GuessTheNumber-v0 --max-completion-tokens 24
+train ta_guess --env textarena:GuessTheNumber-v0 --env-kwargs '{"observations": "new"}' --max-completion-tokens 24
 KUHN=(--env textarena:KuhnPoker-v0 --env-kwargs '{"max_rounds": 1}' --opponent frozen)
 train ta_kuhn1 "${KUHN[@]}"
 eval256 ta_kuhn1 "${KUHN[@]}"

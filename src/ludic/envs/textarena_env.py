@@ -9,16 +9,14 @@ show each player the whole game so far as one text and accept ``[move]`` answers
     seats=[0]       only player 0 is an agent; ``opponent`` plays the others
     seats="seed"    one agent ``agent_0`` whose player alternates with the reset seed (seed % players)
 
-``observations`` picks how an agent sees the game. ``"new"`` (the default): the first turn the whole game
-text, then only what the game added since the agent's last turn (the opponent's move, the game's answer),
-in a growing dialog (``preferred_context = "full"``); every turn's prompt then extends the last token for
-token and the episode trains as one sequence (``rollouts.batch``): on GuessTheNumber games of 5.7 turns
-3.65x fewer training tokens (``benchmarks/bench_multiturn.py --workload textarena``), and on the README's
-study GuessTheNumber learned to 96.9% in 14 min where the whole-game view reached 48.4% in 78 min. Where a
-game rewrites its text (the new text does not extend the old), that turn gets the whole text again.
-``"full"`` (TextArena's own view): every turn the whole game so far as one text, kept alone
-(``preferred_context = "last"``), so each turn's prompt is a new text and trains as an item of its own,
-the history read again every turn.
+``observations`` picks how an agent sees the game. ``"full"`` (the default, TextArena's own view): every
+turn the whole game so far as one text, kept alone (``preferred_context = "last"``), so each turn's prompt
+is a new text and trains as an item of its own, the history read again every turn. ``"new"``: the first
+turn the whole text, then only what the game added since the agent's last turn (the opponent's move, the
+game's answer), in a growing dialog (``preferred_context = "full"``); every turn's prompt then extends the
+last token for token and the episode trains as one sequence (``rollouts.batch``): on GuessTheNumber
+games of 5.7 turns 3.65x fewer training tokens (``benchmarks/bench_multiturn.py --workload textarena``). Where a game rewrites its text (the new text does not extend the old), that turn
+gets the whole text again.
 
 The game's own rules stay: its invalid-move handling (an error allowance, or a loss), its turn limit
 and its rewards. A player's reward arrives when the game ends (``env.close()``), as TextArena reports
@@ -96,14 +94,14 @@ class TextArenaEnv(LudicEnv):
             ``{"max_rounds": 1}`` reaches the game.
         max_turns: the protocol's turn limit for requests that set none (``LudicEnv.max_turns``); the
             game's own limit usually ends it first.
-        observations: ``"new"`` (what the game added since the agent's last turn, in a dialog: the default)
-            or ``"full"`` (the whole game each turn, TextArena's own view); the module docstring.
+        observations: ``"full"`` (the whole game each turn) or ``"new"`` (what it added since the agent's
+            last turn, in a dialog); the module docstring.
     """
 
 
     def __init__(self, game_id: str, *, seats: str | Sequence[int] = "all", num_players: int | None = None,
                  opponent: Opponent | None = None, env_kwargs: dict[str, Any] | None = None,
-                 max_turns: int = 64, observations: str = "new", **game_kwargs: Any) -> None:
+                 max_turns: int = 64, observations: str = "full", **game_kwargs: Any) -> None:
         if observations not in ("full", "new"):
             raise ValueError(f"{game_id}: observations must be 'full' or 'new', got {observations!r}")
         self.observations = observations
