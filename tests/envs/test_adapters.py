@@ -125,6 +125,35 @@ def test_textarena_two_player_game_keeps_its_rules_and_rewards(tokenizer):
     assert by["player_1"].meta["trainable"] is False
 
 
+def test_a_seat_whose_game_ends_before_its_first_turn_keeps_the_outcome(tokenizer):
+    """Was: Kuhn poker where player 1 moves first and forfeits by two invalid answers ended before player 0's
+    first turn, and player 0's rollout had no step, reward 0 and truncation "max_steps": a win recorded as a
+    0 (12 of the trained seat's 64 held-out games against the base model on the dialog view). Now its
+    rollout has one step with no turn (no tokens, nothing to train) carrying the game's reward and outcome."""
+    require("textarena")
+    from ludic.rollouts.batch import build_saw_items
+    from ludic.rollouts.credit import MonteCarloReturn
+
+    agents = {"player_0": Agent(FunctionClient(tokenizer, lambda m: "[check]"), make_context("full")),
+              "player_1": Agent(FunctionClient(tokenizer, lambda m: "no idea"), make_context("full"))}
+    engine = RolloutEngine({"two": lambda: MultiAgentProtocol(agents, frozen={"player_1"})})
+    spec = EnvSpec("textarena:KuhnPoker-v0", {"max_rounds": 1})
+    seed = next(s for s in range(50) if _first_to_move(spec, s) == "player_1")
+    by = {r.meta["agent_id"]: r for r in run(engine, [RolloutRequest(spec, protocol="two", env_seed=seed)])}
+    loser, winner = by["player_1"], by["player_0"]
+    assert loser.total_reward == -1.0 and loser.steps[-1].info["invalid_move"]
+    (step,) = winner.steps
+    assert winner.total_reward == 1.0 and step.terminated and step.trace is None and step.info["outcome"] == "win"
+    assert step.info["no_turn"] and winner.meta["truncation_reason"] is None
+    assert build_saw_items([winner], MonteCarloReturn()) == []
+
+
+def _first_to_move(spec, seed):
+    env = make_env(spec)
+    env.reset(seed=seed)
+    return env.active_agents[0]
+
+
 def test_textarena_errors_are_failed_rollouts_and_bad_ids_are_named(tokenizer):
     require("textarena")
     with pytest.raises(ValueError, match="TextArena has no game 'TicTacToe-v9'.*TicTacToe-v0"):

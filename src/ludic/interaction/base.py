@@ -66,6 +66,13 @@ def env_step(index: int, obs: str, turn: AgentTurn, out: StepOutcome) -> Step:
     )
 
 
+def no_turn_step(index: int, obs: str, out: StepOutcome) -> Step:
+    """The env ended an agent's episode before its first turn (the opponent forfeited first, say): a step with
+    no action and no tokens (nothing to train) that carries the reward and the outcome, ``info["no_turn"]``."""
+    return Step(index=index, prev_obs=obs, action="", parsed_action=None, next_obs=None, reward=out.reward,
+                terminated=out.terminated, truncated=out.truncated, info={**out.info, "no_turn": True})
+
+
 def error_step(index: int, obs: str, turn: AgentTurn, error: str) -> Step:
     """The env raised while applying this turn's action: the turn is kept for the log, unrewarded."""
     return Step(

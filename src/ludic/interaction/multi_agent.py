@@ -5,7 +5,8 @@ Turn-based and simultaneous games both work: at every iteration the agents in
 ``env.step`` together. An agent that does not act this step but whose state
 changed (the opponent of a player who just won) gets its reward and
 termination folded into its own last step, so every rollout carries the
-final outcome. Self-play is two agents sharing one client; a seat played by
+final outcome (an agent whose episode ended before its first turn gets one
+step with no action and no tokens that carries it: ``no_turn_step``). Self-play is two agents sharing one client; a seat played by
 a frozen policy (a league opponent) is listed in ``frozen``: its rollout is
 recorded with ``meta["trainable"] = False`` and gives no training items. An
 exception in the episode (env, agent parts) fails the rollout of every
@@ -23,7 +24,7 @@ from ludic.agents.agent import Agent, AgentTurn
 from ludic.envs.base import LudicEnv
 from ludic.errors import episode_failure, stage
 from ludic.interaction.base import (InteractionProtocol, env_step, error_step, failed_request_step, mark_truncated,
-                                    parse_error_step)
+                                    no_turn_step, parse_error_step)
 from ludic.types import JSON, Rollout, Step, StepOutcome
 
 
@@ -150,6 +151,8 @@ class MultiAgentProtocol(InteractionProtocol):
                     steps[a].append(env_step(len(steps[a]), obs[a], actions[a], out))
                 elif steps[a]:
                     steps[a][-1] = _fold_outcome(steps[a][-1], out)
+                elif out.terminated or out.truncated:  # over before its first turn: the outcome is still its
+                    steps[a].append(no_turn_step(0, obs[a], out))
                 obs[a], unseen[a] = out.obs, True
                 if out.terminated or out.truncated:
                     done[a] = True

@@ -114,6 +114,11 @@ def protocols(policy: Any, opts: EnvConfig, env: Any, sampling: Any, frozen: Any
     return out
 
 
+def turns(r: Rollout) -> int:
+    """The model's turns in an episode (not the no-turn step of a game that ended before its first)."""
+    return sum(not s.info.get("no_turn") for s in r.steps)
+
+
 def episode_success(r: Rollout) -> float:
     """``info["success"]`` of the last step (or any step), else 1 for a positive total reward."""
     for s in reversed(r.steps):
@@ -134,7 +139,7 @@ def env_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     out = {"reward_mean": statistics.fmean(r.total_reward for r in done),
            "reward_std": statistics.pstdev([r.total_reward for r in done]),
            "success_rate": statistics.fmean(episode_success(r) for r in done),
-           "turns_mean": statistics.fmean(len(r.steps) for r in done)}
+           "turns_mean": statistics.fmean(turns(r) for r in done)}
     keys: dict[str, list[float]] = {}
     for r in done:
         for k, v in r.steps[-1].info.items():
@@ -161,7 +166,7 @@ def summarize(rollouts: Sequence[Rollout]) -> dict[str, Any]:
             "reward_mean": mean, "reward_ci95_low": mean - half, "reward_ci95_high": mean + half,
             "failed_rate": (n - len(ok)) / n if n else 0.0,
             "parse_error_rate": statistics.fmean(any(s.parse_error for s in r.steps) for r in ok) if ok else 0.0,
-            "turns_mean": statistics.fmean(len(r.steps) for r in ok) if ok else 0.0}
+            "turns_mean": statistics.fmean(turns(r) for r in ok) if ok else 0.0}
 
 
 def eval_requests(opts: EnvConfig, env: Any, episodes: int, first: int = 0) -> list[RolloutRequest]:
