@@ -376,10 +376,10 @@ def test_no_silent_non_learning(tiny_model_dir, tmp_path):
 
 
 def test_keep_best_ends_on_the_best_evaluated_weights(tiny_model_dir, tmp_path):
-    """``eval_every`` + ``keep_best``: the evaluator runs after steps 1, 2, 3 (scores 0.5, 0.9, 0.2); the
-    run ends on step 2's weights, says so in ``trainer.best`` beside the last step's score, and logs
-    ``eval/*`` with the step metrics."""
-    scores = iter([0.5, 0.9, 0.2])
+    """``eval_every`` + ``keep_best``: the evaluator runs on the start (0.1) and after steps 1, 2, 3 (0.5,
+    0.9, 0.2); the run ends on step 2's weights, says so in ``trainer.best`` beside the last step's score,
+    and logs ``eval/*`` with the step metrics."""
+    scores = iter([0.1, 0.5, 0.9, 0.2])
 
     async def evaluator():
         return {"success_rate": next(scores), "episodes": 8}
@@ -419,6 +419,24 @@ def test_keep_best_ends_on_the_best_evaluated_weights(tiny_model_dir, tmp_path):
                             tokenizer=trainer.tokenizer).train(1))
 
 
+def test_keep_best_counts_the_start_so_rl_that_only_makes_it_worse_ends_on_it(tiny_model_dir, tmp_path):
+    """Was: only ``ludic train env`` and ``train qa`` evaluated the start (each in its own code) and ``train
+    games`` did not, so its keep-best could not keep a start that RL only made worse. Now ``train`` evaluates
+    the start of a fresh run under ``keep_best``: here it scores best and the run ends on its weights."""
+    scores = iter([0.9, 0.5, 0.2])
+
+    async def evaluator():
+        return {"success_rate": next(scores)}
+
+    model, engine, trainer = vowel_grpo_trainer(tiny_model_dir, tmp_path, TrainerConfig(lr=5e-2))
+    trainer.evaluator, trainer.eval_every, trainer.keep_best = evaluator, 1, "success_rate"
+    start = _lora_params(model)
+    asyncio.run(trainer.train(2))
+    assert trainer.best["step"] == 0 and trainer.best["value"] == 0.9 and trainer.best["last_step"] == 2
+    now = _lora_params(model)
+    assert all(torch.equal(now[n], start[n]) for n in now)
+
+
 def test_a_resumed_run_keeps_the_best_it_evaluated_before_the_crash(tiny_model_dir, tmp_path):
     """Was: ``trainer.best`` and the best weights lived in memory only, so after a crash and ``resume`` the
     run ended on the best of the evaluations after the resume (here step 3's 0.2), not step 2's 0.9."""
@@ -432,7 +450,7 @@ def test_a_resumed_run_keeps_the_best_it_evaluated_before_the_crash(tiny_model_d
         trainer.evaluator, trainer.eval_every, trainer.keep_best = evaluator, 1, "success_rate"
         return model, trainer
 
-    model, trainer = make([0.5, 0.9])
+    model, trainer = make([0.1, 0.5, 0.9])  # the start, steps 1 and 2
     seen = {}
     asyncio.run(trainer.train(2, lambda step, m: seen.__setitem__(step, _lora_params(model))))  # "crashes" after 2
     model, resumed = make([0.2])

@@ -292,8 +292,6 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
                                    seed=cfg.seed, publisher=InProcessPublisher(engine))
                 if held_out:
                     await evaluate("format_demos")
-            if keep:  # the start is a candidate: RL that only makes a good policy worse keeps it
-                await trainer.evaluate()
         with _timed(wall, "train"):  # its in-training evaluations included
             await trainer.train(cfg.train_steps)
         if keep and trainer.best:

@@ -84,8 +84,8 @@ class TrainGamesConfig(ModelBlock, GamesBlock, TrainRunBlock):
     eval_every: int = 5
     """Exploitability (kuhn_poker, leduc_poker) every N steps (0: only at the start and the end)."""
     keep_best: bool = False
-    """End on the weights of the lowest mean NashConv measured during training (every --eval-every steps
-    and at the last); the summary's ``kept`` gives that step beside the last one."""
+    """End on the weights of the lowest mean NashConv measured (at the start, every --eval-every steps and at
+    the last); the summary's ``kept`` gives that step beside the last one."""
     concurrency: int = 32
     curriculum: bool = False
     """Opponent ladder easy (random) -> medium (MCTS at a tenth of its strength) -> hard (MCTS), moving on
@@ -389,9 +389,10 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
         ex = measure(trainer.step)
         return {**ex, "nash_conv": statistics.fmean(ex.values())} if ex else ex
 
-    measure(trainer.step)
     trainer.evaluator, trainer.eval_every = evaluator, cfg.eval_every
     trainer.keep_best = "-nash_conv" if cfg.keep_best else ""
+    if not (trainer.keep_best and trainer.step == 0):  # else the trainer measures the start, a keep-best candidate
+        measure(trainer.step)
 
     async def on_step(step: int, metrics: dict[str, Any]) -> None:
         if league is not None:

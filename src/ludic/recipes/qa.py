@@ -365,8 +365,6 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
             if cfg.tool_demos:
                 await run_tool_demos(cfg, model, tok, records, inf.publisher)
                 await evaluate("after_demos")
-            if cfg.keep_best:  # the start is a candidate: RL that only makes it worse keeps it
-                await trainer.evaluate()
         await trainer.train(cfg.train_steps)
         if cfg.keep_best and trainer.best:
             results["kept"] = kept_summary(trainer.best, len(validation), unit="records")

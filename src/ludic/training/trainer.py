@@ -14,11 +14,10 @@ Before the first step the starting weights are published (``publish_start``). On
     4. LR schedule; bump the policy version and publish weights;
     5. checkpoint and log.
 
-Everything algorithm-specific lives in the ``Algorithm`` (credit + LossConfig),
-which the batch source and ``compute_loss`` consume. The pieces a step calls live beside it:
-``objective`` (score a micro-batch, apply the loss), ``data_parallel`` (normalisers and gradients summed
-over ranks), ``reference`` (the KL reference: the policy at the first step), ``precision`` (fp32 masters,
-AdamW and its LR schedule, keep-best snapshots), ``signal`` (no silent non-learning) and ``checkpoint``.
+Everything algorithm-specific lives in the ``Algorithm`` (credit + LossConfig), used by the batch source and
+``compute_loss``. Beside the trainer: ``objective`` (score a micro-batch, apply the loss), ``data_parallel``
+(normalisers and gradients summed over ranks), ``reference`` (the KL reference), ``precision`` (fp32 masters,
+AdamW, its LR schedule, keep-best snapshots), ``signal`` (no silent non-learning) and ``checkpoint``.
 """
 
 from __future__ import annotations
@@ -68,10 +67,9 @@ class Trainer:
         logger: metrics sink (``log(step, metrics)``).
         checkpoint_dir: where checkpoints go (None disables them).
         tokenizer: saved with checkpoints so they load as HF folders.
-        ref_model: frozen reference for a KL penalty (or DPO). Default: the policy at the first optimizer
-            step of a fresh run, so a cold start trained before it is part of the reference
-            (``training.reference.ReferencePolicy``: the base with adapters off while the adapter is
-            fresh, else a snapshot of the trainable weights; a frozen copy with full fine-tuning).
+        ref_model: frozen reference for a KL penalty (or DPO). Default: the policy at the first optimizer step of
+            a fresh run, so a cold start trained before it is part of the reference (``training.reference``: the
+            base with adapters off while the adapter is fresh, else a snapshot; a frozen copy with full fine-tuning).
         pad_token_id: padding id for collation (default: the tokenizer's pad id, else its or the
             model's eos id; an error when none can be found).
         evaluator: ``async () -> {metric: value}`` on held-out data, called every ``eval_every``
@@ -79,8 +77,8 @@ class Trainer:
         eval_every: evaluate every this many steps (0: only at the last step of ``train``).
         keep_best: keep the best weights by this evaluator metric (``success_rate``: higher is better;
             ``-nash_conv``: lower is better; a tie goes to the later step): ``train`` ends on the best
-            evaluation's weights (saved in ``checkpoint_dir`` when found, so a resume keeps them);
-            ``trainer.best`` says which step and what the last scored. Evaluate on validation data. "": off.
+            evaluation's weights, the start among them (saved in ``checkpoint_dir`` when found, so a resume keeps
+            them); ``trainer.best`` says which step and what the last scored. Evaluate on validation data. "": off.
         objective: per-micro-batch ``(trainer, micro_batch, totals) -> (loss, stats)``;
             defaults to the policy-gradient objective of ``algorithm.loss`` (DPO supplies its own).
         group_key: item meta key whose items must share a micro-batch (e.g. DPO pairs).
@@ -397,9 +395,11 @@ class Trainer:
         """Run until ``self.step == num_steps`` (resumed runs continue from their step) and return the last
         step's metrics ({} when no step was left to run). ``on_step(step, metrics)`` runs after each step.
         With an evaluator: evaluate every ``eval_every`` steps and at the last, and with ``keep_best`` end
-        on the best evaluated weights (``self.best``)."""
+        on the best evaluated weights (``self.best``), the start of a fresh run (step 0) evaluated first."""
         if self.keep_best and self.evaluator is None:
             raise ValueError(f"keep_best={self.keep_best!r} needs an evaluator (Trainer(evaluator=...))")
+        if self.keep_best and self.step == 0 and not self.best:
+            await self.evaluate()  # the start is a candidate: RL that only makes a good policy worse keeps it
         metrics: dict[str, Any] = {}
         while self.step < num_steps:
             metrics = await self.train_step()
