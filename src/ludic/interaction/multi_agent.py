@@ -6,7 +6,8 @@ Turn-based and simultaneous games both work: at every iteration the agents in
 changed (the opponent of a player who just won) gets its reward and
 termination folded into its own last step, so every rollout carries the
 final outcome (an agent whose episode ended before its first turn gets one
-step with no action and no tokens that carries it: ``no_turn_step``). Self-play is two agents sharing one client; a seat played by
+step with no action and no tokens that carries it: ``no_turn_step``).
+Self-play is two agents sharing one client; a seat played by
 a frozen policy (a league opponent) is listed in ``frozen``: its rollout is
 recorded with ``meta["trainable"] = False`` and gives no training items. An
 exception in the episode (env, agent parts) fails the rollout of every
