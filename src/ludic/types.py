@@ -163,6 +163,12 @@ class Step:
     def parse_error(self) -> bool:
         return bool(self.info.get("parse_error", False))
 
+    @property
+    def no_turn(self) -> bool:
+        """An outcome with no model turn behind it: the episode ended before the agent's first turn
+        (``interaction.base.no_turn_step``)."""
+        return bool(self.info.get("no_turn", False))
+
     def to_dict(self) -> JSON:
         d = {k: v for k, v in asdict(self).items() if k != "trace"}
         d["trace"] = self.trace.to_dict() if self.trace is not None else None

@@ -98,7 +98,6 @@ class TextArenaEnv(LudicEnv):
             last turn, in a dialog); the module docstring.
     """
 
-
     def __init__(self, game_id: str, *, seats: str | Sequence[int] = "all", num_players: int | None = None,
                  opponent: Opponent | None = None, env_kwargs: dict[str, Any] | None = None,
                  max_turns: int = 64, observations: str = "full", **game_kwargs: Any) -> None:

@@ -116,7 +116,7 @@ def protocols(policy: Any, opts: EnvConfig, env: Any, sampling: Any, frozen: Any
 
 def turns(r: Rollout) -> int:
     """The model's turns in an episode (not the no-turn step of a game that ended before its first)."""
-    return sum(not s.info.get("no_turn") for s in r.steps)
+    return sum(not s.no_turn for s in r.steps)
 
 
 def episode_success(r: Rollout) -> float:

@@ -131,7 +131,7 @@ def game_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
         pre = f"{name}/" if name else ""
         scores = [episode_score(r) for r in rs]
         done = [s for s in scores if s is not None]
-        answers = [s for r in rs for s in r.steps if not s.info.get("no_turn")]  # the model's answers
+        answers = [s for r in rs for s in r.steps if not s.no_turn]  # the model's answers
         invalid = sum(1 for s in answers if s.info.get("invalid"))
         out[f"{pre}score"] = statistics.fmean(done) if done else 0.0
         out[f"{pre}success_rate"] = sum(s > 0.5 for s in done) / max(len(rs), 1)

@@ -207,7 +207,7 @@ def outcome_counts(rollouts: Sequence[Rollout]) -> dict[str, float]:
     """Rates useful for any env: parse errors, truncation, mean reward, and failures:
     ``failed_rate`` (failed inference or an exception) and ``error_count`` / ``error_rate``
     (rollouts ended by an exception, ``meta["error"]``)."""
-    steps: list[Step] = [s for r in rollouts for s in r.steps if not s.info.get("no_turn")]  # the model's turns
+    steps: list[Step] = [s for r in rollouts for s in r.steps if not s.no_turn]  # the model's turns
     n_r, n_s = max(len(rollouts), 1), max(len(steps), 1)
     errors = sum(bool(r.meta.get("error")) for r in rollouts)
     return {
