@@ -76,6 +76,19 @@ class NeverRewardedEnv(SingleAgentEnv):
 register_env("test_never_rewarded", NeverRewardedEnv)
 
 
+class AlwaysRightEnv(SingleAgentEnv):
+    """Every reply succeeds: every GRPO group has zero variance because the task is too easy (a saturated task)."""
+
+    def env_reset(self, seed=None):
+        return "Say anything.", {}
+
+    def env_step(self, action):
+        return StepOutcome("done", 1.0, terminated=True, info={"success": True})
+
+
+register_env("test_always_right", AlwaysRightEnv)
+
+
 @pytest.fixture(scope="session")
 def packaged_dir():
     return packaged_model_dir()

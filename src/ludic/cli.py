@@ -254,13 +254,16 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     for n in (2, 1):
         if tuple(argv[:n]) in COMMANDS:
-            from ludic.errors import UsageError
+            from ludic.errors import TrainingStopped, UsageError
 
             try:
                 COMMANDS[tuple(argv[:n])](argv[n:])
             except UsageError as e:  # the user's flag or spec: its message, no traceback
                 print(f"ludic {' '.join(argv[:n])}: error: {e}", file=sys.stderr)
                 raise SystemExit(2) from None
+            except TrainingStopped as e:  # a failed run, its results saved: why, no traceback
+                print(f"ludic {' '.join(argv[:n])}: the run failed ({e.reason}): {e}", file=sys.stderr)
+                raise SystemExit(3) from None
             return
     print(__doc__)
     print("commands: " + ", ".join(" ".join(k) for k in COMMANDS))

@@ -37,6 +37,16 @@ class UsageError(ValueError):
     line prints its message and exits with status 2, without a traceback."""
 
 
+class TrainingStopped(RuntimeError):
+    """The trainer stopped before its last step (``ludic.training.signal``). ``reason``: ``no_signal``,
+    ``saturated`` (every sample right: too easy, not a failure), ``nonfinite`` or ``empty_batches``; ``failed``:
+    whether the run failed (the command line then exits with status 3, its results saved)."""
+
+    def __init__(self, reason: str, message: str, failed: bool = True) -> None:
+        super().__init__(message)
+        self.reason, self.failed = reason, failed
+
+
 class EpisodeError(Exception):
     """An exception raised in one stage of an episode (the original is ``cause``)."""
 

@@ -8,24 +8,8 @@ import pytest
 import torch
 from conftest import vowel_grpo_trainer
 
-from ludic.envs.base import SingleAgentEnv
-from ludic.envs.registry import register_env
 from ludic.training.signal import TrainingStopped
 from ludic.training.trainer import TrainerConfig
-from ludic.types import StepOutcome
-
-
-class AlwaysRightEnv(SingleAgentEnv):
-    """Every reply succeeds: every GRPO group has zero variance because the task is too easy."""
-
-    def env_reset(self, seed=None):
-        return "Say anything.", {}
-
-    def env_step(self, action):
-        return StepOutcome("done", 1.0, terminated=True, info={"success": True})
-
-
-register_env("test_always_right", AlwaysRightEnv)
 
 
 def _lora(model):

@@ -105,10 +105,12 @@ class RunBlock:
     """Seeds the LoRA initialisation, the sampling and the order of the data."""
 
     def resolve_run_dir(self, prefix: str) -> Path:
-        """``run_dir``, or a new ``runs/<prefix>-<time>``."""
+        """``run_dir``, or a new ``runs/<prefix>-<time>`` (created, so two runs started in the same second get
+        two folders)."""
+        from ludic.distributed import is_rank0
         from ludic.recipes.common import default_run_dir
 
-        return Path(self.run_dir) if self.run_dir else default_run_dir(prefix)
+        return Path(self.run_dir) if self.run_dir else default_run_dir(prefix, claim=is_rank0())
 
 
 @dataclass
@@ -121,9 +123,15 @@ class TrainRunBlock(RunBlock):
     final_save: bool = True
     """Save a checkpoint at the end of training (in addition to periodic saves)."""
 
-    def resolve_run_dir(self, prefix: str) -> Path:
-        """``run_dir`` (or a new one); with ``--no-resume``, emptied of an earlier run first (``start_over``)."""
+    def resolve_run_dir(self, prefix: str, lock: bool = True) -> Path:
+        """``run_dir`` (or a new one), with its writer lock held by this process (``lock_run_dir``: a second
+        live run there gets a clear error); with ``--no-resume``, emptied of an earlier run first
+        (``start_over``). ``lock=False``: a reader beside the run (a pipeline actor)."""
+        from ludic.distributed import is_rank0
+
         path = super().resolve_run_dir(prefix)
+        if lock and is_rank0():
+            lock_run_dir(path)
         if not self.resume:
             start_over(path)
         return path
@@ -132,6 +140,44 @@ class TrainRunBlock(RunBlock):
 RUN_FILES = ("checkpoints", "metrics.jsonl", "summary.json")
 """What marks a folder as holding a Ludic run (``start_over`` moves only such a folder)."""
 _started_over: set[Path] = set()
+LOCK_FILE = ".ludic.lock"
+"""The run directory's writer lock (``lock_run_dir``): an ``flock`` held while the run lives, with its pid."""
+_locks: dict[Path, int] = {}
+"""The run directories this process holds (resolved path -> the lock file's descriptor)."""
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Create ``run_dir`` and hold its writer lock for the rest of this process (released when it exits, even by
+    ``kill -9``). Another live process holding it: a ``UsageError`` naming its pid (two runs writing one folder
+    mix their checkpoints and metrics). The same process may ask again (a recipe and its learner)."""
+    import fcntl
+    import os
+
+    from ludic.errors import UsageError
+
+    key = run_dir.resolve()
+    if key in _locks:
+        return
+    key.mkdir(parents=True, exist_ok=True)
+    fd = os.open(key / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise UsageError(f"{run_dir} is in use by a live run (pid {holder}): two runs writing one folder mix their "
+                         "checkpoints and metrics. Give another --run-dir, or wait for that run to end") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    _locks[key] = fd
+
+
+def _unlock(key: Path) -> None:
+    import os
+
+    fd = _locks.pop(key, None)
+    if fd is not None:
+        os.close(fd)
 
 
 def start_over(run_dir: Path) -> Path | None:
@@ -160,7 +206,12 @@ def start_over(run_dir: Path) -> Path | None:
         if not dest.exists():
             break
         dest = run_dir.with_name(f"{run_dir.name}.replaced-{stamp}-{n}")
+    locked = run_dir in _locks
+    _unlock(run_dir)  # this process's lock moves with the folder; the new folder gets its own
     run_dir.rename(dest)
+    run_dir.mkdir()  # where a symlink pointed, it points at the new, empty run
+    if locked:
+        lock_run_dir(run_dir)
     print(f"[ludic] --no-resume: the earlier run in {run_dir} was moved aside to {dest}", flush=True)
     return dest
 

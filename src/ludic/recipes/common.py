@@ -9,9 +9,22 @@ from pathlib import Path
 from typing import Any
 
 
-def default_run_dir(prefix: str) -> Path:
-    """``runs/<prefix>-<YYYYmmdd-HHMMSS>``: where a run writes when ``--run-dir`` is not given."""
-    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+def default_run_dir(prefix: str, claim: bool = True) -> Path:
+    """``runs/<prefix>-<YYYYmmdd-HHMMSS>``: where a run writes when ``--run-dir`` is not given. ``claim``: create it,
+    taking ``-2``, ``-3``, ... when another run started in the same second (creating a folder is atomic, so two
+    processes never get the same one)."""
+    base = Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if not claim:
+        return base
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"no free run directory name after {base}")
 
 
 class Clock:
@@ -52,3 +65,28 @@ def machine() -> dict[str, Any]:
             "kernels": torch.backends.cpu.get_cpu_capability(), "isa_limits": limited,
             "processor": platform.processor() or platform.machine(), "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
+async def train_until_stop(trainer: Any, steps: int, on_step: Any = None) -> tuple[dict[str, Any], BaseException | None]:
+    """``trainer.train(steps, on_step)``: (the last step's metrics, the exception that ended it), the exception
+    returned instead of raised: the recipe saves its final weights and writes its summary (``trainer.stopped``
+    says why it stopped) before raising it, so a stopped run keeps its results. A stop that is not a failure
+    (a saturated task) gives None."""
+    metrics: dict[str, Any] = {}
+    failure: BaseException | None = None
+    try:
+        metrics = await trainer.train(steps, on_step)
+    except BaseException as e:  # noqa: B036  (Ctrl-C too: the recipe still saves, then re-raises)
+        failure = e
+    if trainer.stopped:
+        print(f"[ludic] training stopped at step {trainer.step} ({trainer.stopped['reason']}): "
+              f"{trainer.stopped['message']}", flush=True)
+    return metrics, failure
+
+
+def may_evaluate(failure: BaseException | None) -> bool:
+    """Whether a run that ``failure`` stopped should still run its closing evaluation: yes after the trainer's own
+    stops (no signal, non-finite steps, empty batches) and none, not after Ctrl-C or another exception."""
+    from ludic.training.signal import TrainingStopped
+
+    return failure is None or isinstance(failure, TrainingStopped)

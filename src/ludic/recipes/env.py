@@ -44,6 +44,7 @@ from typing import Any, Callable
 from ludic.envs.registry import import_attr
 from ludic.errors import UsageError
 from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock, kept_summary, load_policy_for
+from ludic.recipes.common import may_evaluate, train_until_stop
 from ludic.recipes.env_setup import (EVAL_SEED_BASE, VAL_SEED_FIRST, EnvConfig, env_metrics, eval_requests,
                                      evaluate_episodes, format_summary, probe_env, protocols, register_python_env)
 from ludic.training.config import TrainerConfig
@@ -293,12 +294,13 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
                 if held_out:
                     await evaluate("format_demos")
         with _timed(wall, "train"):  # its in-training evaluations included
-            await trainer.train(cfg.train_steps)
+            _, failure = await train_until_stop(trainer, cfg.train_steps)
+        results["stopped"] = trainer.stopped  # None: it ran every step
         if keep and trainer.best:
             results["kept"], results["last_val"] = kept_summary(trainer.best, len(validation)), trainer.best["last_eval"]
-        if held_out:
+        if held_out and may_evaluate(failure):
             await evaluate("trained")
-        if cfg.final_save:
+        if cfg.final_save or failure is not None:  # a stopped run keeps a loadable final (its best weights)
             trainer.save()
             model.save_pretrained(str(run_dir / "final"))
             tok.save_pretrained(str(run_dir / "final"))
@@ -309,6 +311,8 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
         (run_dir / "summary.json").write_text(json.dumps(results, indent=2))
     finally:
         logger.close()  # writes report.html, with summary.json
+    if failure is not None:
+        raise failure
     return TrainResult(model, tok, run_dir, results)
 
 

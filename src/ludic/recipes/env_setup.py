@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ludic.errors import UsageError
+from ludic.rollouts.engine import episode_success
 from ludic.types import EnvSpec, Rollout, RolloutRequest
 
 EVAL_SEED_BASE = 1_000_000_000
@@ -117,14 +118,6 @@ def protocols(policy: Any, opts: EnvConfig, env: Any, sampling: Any, frozen: Any
 def turns(r: Rollout) -> int:
     """The model's turns in an episode (not the no-turn step of a game that ended before its first)."""
     return sum(not s.no_turn for s in r.steps)
-
-
-def episode_success(r: Rollout) -> float:
-    """``info["success"]`` of the last step (or any step), else 1 for a positive total reward."""
-    for s in reversed(r.steps):
-        if "success" in s.info:
-            return float(s.info["success"])
-    return float(r.total_reward > 0)
 
 
 _NOT_ENV_INFO = {"success", "batch_size", "parse_error", "incomplete_completion", "inference_error"}

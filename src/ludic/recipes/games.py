@@ -29,6 +29,7 @@ from ludic.config import dump_config
 from ludic.inference.client import ChatClient
 from ludic.interaction.multi_agent import MultiAgentProtocol
 from ludic.recipes.blocks import EvalInferenceBlock, ModelBlock, TrainRunBlock, load_policy_for
+from ludic.recipes.common import train_until_stop
 from ludic.rollouts.batch import RolloutBatchSource
 from ludic.rollouts.engine import RolloutEngine
 from ludic.training.config import TrainerConfig
@@ -399,12 +400,13 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
             league.maybe_snapshot(model, step)
 
     try:
-        last = await trainer.train(cfg.train_steps, on_step)
-        if cfg.final_save:
+        last, failure = await train_until_stop(trainer, cfg.train_steps, on_step)
+        if cfg.final_save or failure is not None:  # a stopped run keeps its best weights
             trainer.save()
     finally:
         logger.close()
-    summary = {**{k: v for k, v in last.items() if isinstance(v, (int, float))}, "exploitability": curve}
+    summary = {**{k: v for k, v in last.items() if isinstance(v, (int, float))}, "exploitability": curve,
+               "stopped": trainer.stopped}
     if trainer.best:
         b = trainer.best
         summary["kept"] = {"step": b["step"], "nash_conv": b["value"], "last_step": b["last_step"],
@@ -412,6 +414,8 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
         print(f"[games] kept step {b['step']} (mean NashConv {b['value']:.4f}); the last step, {b['last_step']}, "
               f"measured {b['last_eval']['nash_conv']:.4f}", flush=True)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if failure is not None:
+        raise failure
     return summary
 
 

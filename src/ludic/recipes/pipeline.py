@@ -65,7 +65,7 @@ async def actor_loop(cfg: Any, parts: PipelineParts) -> int:
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.pipeline.actor import Actor
 
-    run_dir = cfg.resolve_run_dir(f"{parts.name}-actor")
+    run_dir = cfg.resolve_run_dir(f"{parts.name}-actor", lock=False)  # actors write beside a run, never own it
     run_dir.mkdir(parents=True, exist_ok=True)
     if getattr(cfg, "inference", "transformers") == "vllm":  # the learner pushes weights to the server
         from ludic.inference.models import load_tokenizer

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 from ludic.recipes.blocks import (EvalInferenceBlock, GRPOBlock, InferenceBlock, LoraBlock, ModelBlock, TrainRunBlock,
                                   kept_summary, load_policy_for)
+from ludic.recipes.common import may_evaluate, train_until_stop
 from ludic.training.config import TrainerConfig
 from ludic.types import Rollout
 
@@ -356,21 +357,25 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
         tokenizer=tok, pad_token_id=tok.pad_token_id, evaluator=validate if validation else None,
         eval_every=cfg.eval_every, keep_best="accuracy" if cfg.keep_best else "",
     )
+    failure: BaseException | None = None
     try:
         if cfg.resume:
             trainer.resume()
         cursor = trainer.step * cfg.prompts_per_step  # a resumed run continues through the data
         if trainer.step == 0:
+            trainer.publish_start()  # the "before" evaluation scores the starting weights as the engine serves them
             await evaluate("before")
             if cfg.tool_demos:
                 await run_tool_demos(cfg, model, tok, records, inf.publisher)
                 await evaluate("after_demos")
-        await trainer.train(cfg.train_steps)
+        _, failure = await train_until_stop(trainer, cfg.train_steps)
+        results["stopped"] = trainer.stopped  # None: it ran every step
         if cfg.keep_best and trainer.best:
             results["kept"] = kept_summary(trainer.best, len(validation), unit="records")
-        if cfg.final_save:
+        if cfg.final_save or failure is not None:  # a stopped run keeps its best weights
             trainer.save()
-        await evaluate("after")
+        if may_evaluate(failure):
+            await evaluate("after")
         if "before" in results and "after" in results:
             results["accuracy_gain"] = results["after"]["accuracy"] - results["before"]["accuracy"]
         if rank == 0:
@@ -380,4 +385,6 @@ async def _train_qa(cfg: TrainQAConfig) -> dict[str, Any]:
             logger.close()  # writes report.html, with the results above
         await inf.close()
         shutdown_distributed()
+    if failure is not None:
+        raise failure
     return {**results, "run_dir": str(run_dir), "steps": trainer.step}

@@ -203,8 +203,16 @@ def read_rollouts(path: str | Path) -> list[Rollout]:
     return out
 
 
+def episode_success(r: Rollout) -> float:
+    """``info["success"]`` of the last step (or any step), else 1 for a positive total reward."""
+    for s in reversed(r.steps):
+        if "success" in s.info:
+            return float(s.info["success"])
+    return float(r.total_reward > 0)
+
+
 def outcome_counts(rollouts: Sequence[Rollout]) -> dict[str, float]:
-    """Rates useful for any env: parse errors, truncation, mean reward, and failures:
+    """Rates useful for any env: success (``episode_success``), parse errors, truncation, mean reward, and failures:
     ``failed_rate`` (failed inference or an exception) and ``error_count`` / ``error_rate``
     (rollouts ended by an exception, ``meta["error"]``)."""
     steps: list[Step] = [s for r in rollouts for s in r.steps if not s.no_turn]  # the model's turns
@@ -212,6 +220,7 @@ def outcome_counts(rollouts: Sequence[Rollout]) -> dict[str, float]:
     errors = sum(bool(r.meta.get("error")) for r in rollouts)
     return {
         "reward_mean": sum(r.total_reward for r in rollouts) / n_r,
+        "success_rate": sum(episode_success(r) >= 1.0 for r in rollouts if not r.meta.get("failed")) / n_r,
         "parse_error_rate": sum(s.parse_error for s in steps) / n_s,
         "truncated_rate": sum(bool(r.meta.get("truncation_reason")) for r in rollouts) / n_r,
         "failed_rate": sum(bool(r.meta.get("failed")) for r in rollouts) / n_r,

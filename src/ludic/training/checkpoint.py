@@ -48,6 +48,14 @@ def _fault(point: str, step: int) -> None:
         os._exit(FAULT_EXIT_CODE)
 
 
+def kill_point(step: int) -> None:
+    """Test hook: ``kill -9`` this process (no clean-up at all) once step ``$LUDIC_KILL_AFTER_STEP`` is logged."""
+    if os.environ.get("LUDIC_KILL_AFTER_STEP") == str(step):
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def write_json_atomic(path: Path, obj: Any, step: int = -1) -> None:
     """Write JSON to ``path`` so readers see the old file or the new one, never a torn one."""
     tmp = path.with_name(path.name + ".tmp")
@@ -165,6 +173,11 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     return steps[-1] if steps else None
 
 
+def checkpoint_steps(root: str | Path) -> list[int]:
+    """The steps of the complete checkpoints under ``root``."""
+    return sorted(_step_of(p) for p in Path(root).glob("step_*") if _is_complete(p))
+
+
 def prune_checkpoints(root: Path, max_to_keep: int, step: int = -1) -> None:
     """Delete all but the newest ``max_to_keep`` steps (renamed away first, then removed)."""
     for stale in root.glob(".del_step_*"):  # left by an earlier crash
@@ -208,39 +221,6 @@ def load_checkpoint(
 
 MASTER_WEIGHTS_FILE = "master_weights.safetensors"
 """fp32 master weights of a mixed-precision run, beside ``model/`` (which holds them rounded)."""
-
-
-BEST_FILE = "best_weights.safetensors"
-"""Keep-best (``Trainer.keep_best``): the trainable weights of the best evaluation so far, at full precision,
-with its record (``Trainer.best``) in the file's metadata, in the checkpoint root; written when a new best
-is found."""
-
-
-def save_best(root: str | Path, best: dict[str, Any], weights: dict[str, torch.Tensor]) -> None:
-    """Write keep-best's weights and record in one file (written aside, then renamed: crash-safe)."""
-    from safetensors.torch import save_file
-
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(root / f".tmp_{BEST_FILE}"),
-              metadata={"best": json.dumps(best, default=float)})
-    os.replace(root / f".tmp_{BEST_FILE}", root / BEST_FILE)
-
-
-def load_best(root: str | Path, step: int) -> tuple[dict[str, Any], dict[str, torch.Tensor] | None]:
-    """Keep-best's record and weights for a run resumed at ``step``: ({}, None) when there are none, or when
-    they come from after ``step`` (a crash between the best evaluation and the next checkpoint: the resumed
-    run evaluates those steps again)."""
-    from safetensors import safe_open
-
-    f = Path(root) / BEST_FILE
-    if not f.exists():
-        return {}, None
-    with safe_open(str(f), framework="pt") as st:
-        best = json.loads((st.metadata() or {}).get("best", "{}"))
-        if int(best.get("step", step + 1)) > step:
-            return {}, None
-        return best, {k: st.get_tensor(k) for k in st.keys()}
 
 
 def load_master_weights(path: str | Path) -> dict[str, torch.Tensor] | None:

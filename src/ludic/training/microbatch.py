@@ -72,6 +72,25 @@ FORWARD_OVERHEAD_TOKENS = 32
 breaks ties between packings)."""
 
 
+def admit_items(items: Sequence[SAWItem], policy_version: int, max_lag: int | None,
+                max_seq_len: int) -> tuple[list[SAWItem], dict[str, int]]:
+    """The items a step trains on: those at most ``max_lag`` policy versions old, cut to ``max_seq_len``
+    (``truncate_item``), with the counts of each kind dropped or cut (the trainer logs them)."""
+    kept, stale, cut_n, dropped = [], 0, 0, 0
+    for it in items:
+        v = it.min_policy_version
+        if max_lag is not None and v is not None and policy_version - v > max_lag:
+            stale += 1
+            continue
+        cut = truncate_item(it, max_seq_len)
+        if cut is None:
+            dropped += 1
+        else:
+            cut_n += cut is not it
+            kept.append(cut)
+    return kept, {"stale_dropped": stale, "seq_truncated": cut_n, "seq_dropped": dropped}
+
+
 def micro_batch_cost(items: Sequence[SAWItem], share_prefix: bool = True, flat: bool = False) -> int:
     """Token positions the decoder computes for ``items`` as one micro-batch: the shared prompt
     prefix once, then the rest of every row, padded to the longest (``_hidden_states``) or, with

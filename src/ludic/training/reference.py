@@ -154,6 +154,21 @@ class ReferencePolicy:
             self.anchored = False  # saved before the first step: fix it at the resumed run's first step
 
 
+def adapt_kl(algorithm: Any, cfg: Any, metrics: dict[str, Any], n_items: int) -> Any:
+    """The adaptive KL controller (``TrainerConfig.kl_target``): ``algorithm`` with its loss's ``kl_coef`` moved
+    toward the coefficient that holds the measured KL at the target (``metrics["kl_coef"]`` logs it); unchanged
+    without a target, a measured KL or a KL term."""
+    import dataclasses
+
+    loss = algorithm.loss
+    if cfg.kl_target is None or "kl" not in metrics or loss.kl_coef <= 0:
+        return algorithm
+    error = max(-0.2, min(0.2, float(metrics["kl"]) / cfg.kl_target - 1.0))
+    coef = loss.kl_coef * (1.0 + error * n_items / cfg.kl_horizon)
+    metrics["kl_coef"] = coef
+    return dataclasses.replace(algorithm, loss=dataclasses.replace(loss, kl_coef=coef))
+
+
 def _like(full: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     """``full`` on ``param``'s device and dtype, sharded as ``param`` is when it is a DTensor (FSDP2)."""
     if hasattr(param, "device_mesh"):

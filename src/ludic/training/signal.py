@@ -1,11 +1,14 @@
-"""No silent non-learning: the share of trained tokens whose advantage is 0, and the error a run stops with
-after ``TrainerConfig.max_no_signal_steps`` steps in a row without any signal (``Trainer.train_step``)."""
+"""No silent non-learning, and why a run stopped: the share of trained tokens whose advantage is 0, the stop after
+``TrainerConfig.max_no_signal_steps`` steps in a row without any signal (``Trainer.train_step``), which is a
+success when every sample succeeded (a saturated task) and a failure otherwise, and the record of any stop
+(``Trainer.stopped``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ludic.distributed import reduce_floats
+from ludic.errors import TrainingStopped
 from ludic.types import SAWItem
 
 
@@ -63,3 +66,33 @@ def no_signal_message(streak: int, metrics: dict[str, Any]) -> str:
         "format_demos= in Python), an easier task or curriculum, a larger group or a higher temperature. "
         "max_no_signal_steps sets this limit (0: never stop)."
     )
+
+
+def saturated(metrics: dict[str, Any]) -> bool:
+    """Whether every sampled episode of the batch succeeded (``success_rate`` of the batch metrics)."""
+    return metrics.get("success_rate") == 1.0
+
+
+def no_signal_stop(streak: int, metrics: dict[str, Any]) -> TrainingStopped:
+    """The stop after ``streak`` steps without signal: ``saturated`` (a success) when every sample of the last
+    batch succeeded, else ``no_signal`` (a failure, with what to change)."""
+    if saturated(metrics):
+        return TrainingStopped(
+            "saturated", f"{streak} steps in a row had no learning signal because every sampled episode succeeded "
+            "(success_rate 1.0): the task is solved at this sampling temperature, so the run ends here, on its "
+            "best weights. A harder task or curriculum gives RL something left to learn.", failed=False)
+    return TrainingStopped("no_signal", no_signal_message(streak, metrics))
+
+
+def stop_record(exc: BaseException, step: int) -> dict[str, Any]:
+    """``Trainer.stopped``: ``{"reason", "failed", "step", "message"}`` for a stop by ``exc`` at ``step``
+    (``interrupted`` for Ctrl-C or a cancelled task, ``error`` for any other exception)."""
+    import asyncio
+
+    if isinstance(exc, TrainingStopped):
+        reason, failed = exc.reason, exc.failed
+    elif isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
+        reason, failed = "interrupted", True
+    else:
+        reason, failed = "error", True
+    return {"reason": reason, "failed": failed, "step": step, "message": str(exc) or type(exc).__name__}

@@ -14,10 +14,9 @@ Before the first step the starting weights are published (``publish_start``). On
     4. LR schedule; bump the policy version and publish weights;
     5. checkpoint and log.
 
-Everything algorithm-specific lives in the ``Algorithm`` (credit + LossConfig), used by the batch source and
-``compute_loss``. Beside the trainer: ``objective`` (score a micro-batch, apply the loss), ``data_parallel``
-(normalisers and gradients summed over ranks), ``reference`` (the KL reference), ``precision`` (fp32 masters,
-AdamW, its LR schedule, keep-best snapshots), ``signal`` (no silent non-learning) and ``checkpoint``.
+Everything algorithm-specific lives in the ``Algorithm`` (credit + LossConfig). Beside the trainer: ``objective``
+(score a micro-batch, apply the loss), ``data_parallel`` (sums over ranks), ``reference`` (the KL reference),
+``precision`` (fp32 masters, AdamW, LR schedule), ``keep_best``, ``signal`` (stops) and ``checkpoint``.
 """
 
 from __future__ import annotations
@@ -39,8 +38,8 @@ from ludic.training.fsdp import full_state_dict
 from ludic.rollouts.batch import BatchSource
 from ludic.training.algorithms import Algorithm
 from ludic.training.frozen_cache import FrozenBottomCache
-from ludic.training.microbatch import collate, split_by_token_budget, truncate_item
-from ludic.training.checkpoint import latest_checkpoint, load_best, load_checkpoint, load_master_weights, save_best, save_checkpoint
+from ludic.training.microbatch import admit_items, collate, split_by_token_budget
+from ludic.training.checkpoint import kill_point, latest_checkpoint, load_checkpoint, load_master_weights, save_checkpoint
 from ludic.training.config import TrainerConfig
 from ludic.training.data_parallel import (all_reduce_grads, global_totals, idle_forward_backward, sum_over_ranks,
                                           token_means_over_ranks)
@@ -50,8 +49,9 @@ from ludic.training.objective import SUMMED_STATS, Objective, policy_gradient_ob
 from ludic.tokenization import pad_token_id_for
 from ludic.training.packed import packable
 from ludic.training.precision import MasterWeights, lr_scaled, make_optimizer, make_scheduler
-from ludic.training.reference import REFERENCE_FILE, ReferencePolicy
-from ludic.training.signal import batch_signal, lr_scale, no_signal_message
+from ludic.training.reference import REFERENCE_FILE, ReferencePolicy, adapt_kl
+from ludic.training.keep_best import KeepBest
+from ludic.training.signal import TrainingStopped, batch_signal, lr_scale, no_signal_stop, stop_record
 from ludic.types import SAWItem
 
 
@@ -103,10 +103,7 @@ class Trainer:
         eval_every: int = 0,
         keep_best: str = "",
     ) -> None:
-        self.model = model
-        self.algorithm = algorithm
-        self.source = batch_source
-        self.cfg = config or TrainerConfig()
+        self.model, self.algorithm, self.source, self.cfg = model, algorithm, batch_source, config or TrainerConfig()
         loss = getattr(algorithm, "loss", None)
         if getattr(loss, "behavior_is", None) and (self.cfg.ppo_epochs > 1 or self.cfg.num_minibatches > 1):
             raise ValueError(
@@ -121,9 +118,10 @@ class Trainer:
         """The KL / DPO reference policy, fixed at the first optimizer step of a fresh run."""
         self.pad_token_id = pad_token_id_for(pad_token_id, tokenizer, model)
         self.evaluator, self.eval_every, self.keep_best = evaluator, eval_every, keep_best
-        self.best: dict[str, Any] = {}
-        """keep_best's ``{"step", "metric", "value", "eval", "last_step", "last_eval"}``: the best and last evaluation."""
-        self._best_state: dict[str, torch.Tensor] | None = None
+        self.keeper = KeepBest(self.checkpoint_dir)
+        """keep_best's best evaluation: its record (``trainer.best``), weights on the CPU, and files."""
+        self.stopped: dict[str, Any] | None = None
+        """Why the last ``train`` ended before its last step (``signal.stop_record``); None when it ran them all."""
         self.objective = objective or policy_gradient_objective
         self.group_key = group_key
         self.step = 0
@@ -134,7 +132,7 @@ class Trainer:
         """Optimizer steps in a row skipped for a non-finite loss or gradient norm."""
         self.no_signal_streak = 0
         """Steps in a row in which every trained token had advantage 0 (``max_no_signal_steps``)."""
-        self.nonfinite_total = 0
+        self.nonfinite_total = 0  # the four counters are checkpointed (``_streaks``)
         self.started = False
         """Whether the starting weights were published (``publish_start``)."""
         self.device = next(model.parameters()).device
@@ -168,7 +166,7 @@ class Trainer:
             self.publish_start()
         batch = await self.source.next_batch()
         t_data = time.perf_counter() - t0
-        items, admitted = self._admit(batch.items)
+        items, admitted = admit_items(batch.items, self.policy_version, self.cfg.max_lag, self.cfg.max_seq_len)
         metrics: dict[str, Any] = {k: v for k, v in batch.meta.items() if isinstance(v, (int, float, bool))}
         metrics.update(admitted, data_s=t_data)
         if reduce_floats([len(items)])[0] == 0:  # no trainable item on any rank
@@ -178,7 +176,7 @@ class Trainer:
         self.no_signal_streak = self.no_signal_streak + 1 if share == 1.0 else 0
         metrics.update(zero_adv_token_share=share, no_signal_streak=self.no_signal_streak)
         metrics.update(self.optimize_batch(items, kept))
-        self._adapt_kl(metrics, len(items))
+        self.algorithm = adapt_kl(self.algorithm, self.cfg, metrics, len(items))
         self.scheduler.step()
         self.step += 1
         self.policy_version += 1
@@ -190,20 +188,10 @@ class Trainer:
         metrics.update(step_s=time.perf_counter() - t0, policy_version=self.policy_version)
         if self.logger is not None:
             self.logger.log(self.step, metrics)
+        kill_point(self.step)
         if self.cfg.max_no_signal_steps and self.no_signal_streak >= self.cfg.max_no_signal_steps:
-            raise RuntimeError(no_signal_message(self.no_signal_streak, metrics))
+            raise no_signal_stop(self.no_signal_streak, metrics)
         return metrics
-
-    def _adapt_kl(self, metrics: dict[str, Any], n_items: int) -> None:
-        """The adaptive KL controller (``TrainerConfig.kl_target``): move ``kl_coef`` toward the
-        coefficient that holds the measured KL at the target."""
-        loss = self.algorithm.loss
-        if self.cfg.kl_target is None or "kl" not in metrics or loss.kl_coef <= 0:
-            return
-        error = max(-0.2, min(0.2, float(metrics["kl"]) / self.cfg.kl_target - 1.0))
-        coef = loss.kl_coef * (1.0 + error * n_items / self.cfg.kl_horizon)
-        self.algorithm = dataclasses.replace(self.algorithm, loss=dataclasses.replace(loss, kl_coef=coef))
-        metrics["kl_coef"] = coef
 
     def publish_start(self) -> dict[str, Any]:
         """Publish the starting weights (fresh, resumed or ``--adapter``) before the first rollout.
@@ -235,28 +223,12 @@ class Trainer:
         if self.logger is not None:
             self.logger.log(self.step, metrics)
         if self.empty_streak >= self.cfg.max_empty_steps:
-            raise RuntimeError(
-                f"{self.empty_streak} empty batches in a row (no trainable item on any rank; last batch: "
+            raise TrainingStopped(
+                "empty_batches", f"{self.empty_streak} empty batches in a row (no trainable item on any rank; last batch: "
                 f"{ {k: metrics[k] for k in ('num_rollouts', 'failed_rate', 'stale_dropped', 'seq_dropped') if k in metrics} }). "
                 "Check rollouts.jsonl for failed episodes, max_lag, max_seq_len; max_empty_steps sets the limit."
             )
         return metrics
-
-    def _admit(self, items: list[SAWItem]) -> tuple[list[SAWItem], dict[str, int]]:
-        """Drop stale items (``max_lag``) and cut long ones to ``max_seq_len``; count both."""
-        kept, stale, cut_n, dropped = [], 0, 0, 0
-        for it in items:
-            v = it.min_policy_version
-            if self.cfg.max_lag is not None and v is not None and self.policy_version - v > self.cfg.max_lag:
-                stale += 1
-                continue
-            cut = truncate_item(it, self.cfg.max_seq_len)
-            if cut is None:
-                dropped += 1
-            else:
-                cut_n += cut is not it
-                kept.append(cut)
-        return kept, {"stale_dropped": stale, "seq_truncated": cut_n, "seq_dropped": dropped}
 
     def optimize_batch(self, items: list[SAWItem], kept_token_share: float = 1.0) -> dict[str, Any]:
         """All optimizer steps on one collected batch: ``ppo_epochs`` shuffled passes of
@@ -371,12 +343,15 @@ class Trainer:
         self.nonfinite_total += 1
         metrics["nonfinite_skipped"] = 1
         if self.nonfinite_streak >= self.cfg.max_nonfinite_steps:
-            raise RuntimeError(
-                f"{self.nonfinite_streak} optimizer steps in a row had a non-finite loss or gradient norm (last: "
+            raise TrainingStopped(
+                "nonfinite", f"{self.nonfinite_streak} optimizer steps in a row had a non-finite loss or gradient norm (last: "
                 f"loss {loss}, gradient norm {grad_norm}); the weights are those before them. Likely causes: a "
                 "NaN or infinite reward or advantage (check the env's rewards and rollouts.jsonl), a learning "
                 "rate that made the policy diverge, or fp16 without room in its range. max_nonfinite_steps sets "
                 "the limit.")
+
+    def _streaks(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in ("empty_streak", "nonfinite_streak", "no_signal_streak", "nonfinite_total")}
 
     def ref_logp(self, mb: Any) -> torch.Tensor:
         """Reference-policy log-probs of the action tokens (``self.reference``); score them before the
@@ -395,24 +370,49 @@ class Trainer:
         """Run until ``self.step == num_steps`` (resumed runs continue from their step) and return the last
         step's metrics ({} when no step was left to run). ``on_step(step, metrics)`` runs after each step.
         With an evaluator: evaluate every ``eval_every`` steps and at the last, and with ``keep_best`` end
-        on the best evaluated weights (``self.best``), the start of a fresh run (step 0) evaluated first."""
+        on the best evaluated weights (``self.best``), the start of a fresh run (step 0) evaluated first,
+        after its weights are published.
+
+        A stop before ``num_steps`` (``signal.TrainingStopped``: no signal, a saturated task, non-finite or
+        empty steps; or any exception) still ends on the best weights, the step it stopped on evaluated
+        first for a trainer's own stop, and records why in ``self.stopped``; it raises only when the run
+        failed (a saturated task, every sample right, is not a failure)."""
         if self.keep_best and self.evaluator is None:
             raise ValueError(f"keep_best={self.keep_best!r} needs an evaluator (Trainer(evaluator=...))")
-        if self.keep_best and self.step == 0 and not self.best:
-            await self.evaluate()  # the start is a candidate: RL that only makes a good policy worse keeps it
-        metrics: dict[str, Any] = {}
-        while self.step < num_steps:
-            metrics = await self.train_step()
-            every = self.eval_every
-            if self.evaluator is not None and ((every and self.step % every == 0) or self.step == num_steps):
-                metrics.update(await self.evaluate())
-            if on_step is not None:
-                res = on_step(self.step, metrics)
-                if hasattr(res, "__await__"):
-                    await res  # type: ignore[misc]
-        if self.keep_best and self._best_state is not None and self.best.get("step") != self.step:
-            self._restore_best()
+        self.stopped, metrics = None, {}
+        try:
+            if self.keep_best and self.step == 0 and not self.best:
+                if not self.started:
+                    self.publish_start()  # score the start as the inference engine serves it
+                await self.evaluate()  # the start is a candidate: RL that only makes a good policy worse keeps it
+            while self.step < num_steps:
+                metrics = await self.train_step()
+                every = self.eval_every
+                if self.evaluator is not None and ((every and self.step % every == 0) or self.step == num_steps):
+                    metrics.update(await self.evaluate())
+                if on_step is not None:
+                    res = on_step(self.step, metrics)
+                    if hasattr(res, "__await__"):
+                        await res  # type: ignore[misc]
+        except BaseException as e:  # noqa: B036  (a Ctrl-C too: the run ends on its best weights)
+            self.stopped = stop_record(e, self.step)
+            if isinstance(e, TrainingStopped) and self.keep_best and self.best.get("last_step") != self.step:
+                metrics.update(await self.evaluate())  # the step it stopped on is a candidate too
+            self._end_on_best()
+            if self.stopped["failed"]:
+                raise
+            return metrics
+        self._end_on_best()
         return metrics
+
+    @property
+    def best(self) -> dict[str, Any]:
+        """keep_best's ``{"step", "metric", "value", "eval", "last_step", "last_eval"}``: the best and last evaluation."""
+        return self.keeper.best
+
+    @best.setter
+    def best(self, value: dict[str, Any]) -> None:
+        self.keeper.best = value
 
     async def evaluate(self) -> dict[str, Any]:
         """Run the evaluator now; log ``eval/<metric>`` at the current step and track the best."""
@@ -428,22 +428,16 @@ class Trainer:
         if self.logger is not None:
             self.logger.log(self.step, out)
         if self.keep_best:
-            key, sign = self.keep_best.lstrip("-"), (-1.0 if self.keep_best.startswith("-") else 1.0)
-            if key not in result:
-                raise KeyError(f"keep_best={self.keep_best!r}: the evaluator returned no such metric ({sorted(result)})")
-            self.best.update(last_step=self.step, last_eval=result)
-            if not self.best.get("eval") or sign * result[key] >= sign * self.best["value"]:  # a tie: the later
-                self.best.update(step=self.step, metric=key, value=float(result[key]), eval=result)
-                self._best_state = self.masters.snapshot(self.model)
-                if self.checkpoint_dir is not None and is_rank0():  # a resumed run still knows it
-                    save_best(self.checkpoint_dir, self.best, self._best_state)
+            self.keeper.consider(self.keep_best, self.step, result, lambda: self.masters.snapshot(self.model),
+                                 write=self.checkpoint_dir is not None and is_rank0())  # a resumed run still knows it
         return out
 
     @torch.no_grad()
-    def _restore_best(self) -> None:
-        """Load the best evaluation's trainable weights (fp32 masters too) and publish them."""
-        assert self._best_state is not None
-        self.masters.restore(self.model, self._best_state)
+    def _end_on_best(self) -> None:
+        """Under keep_best, load the best evaluation's trainable weights (fp32 masters too) and publish them."""
+        if not self.keep_best or self.keeper.state is None or self.best.get("step") == self.step:
+            return
+        self.masters.restore(self.model, self.keeper.state)
         mark_trained(self.model)  # an in-process engine refreshes its decode view
         self.policy_version += 1
         if self.publisher is not None:
@@ -462,7 +456,7 @@ class Trainer:
             return None
         state = {"policy_version": self.policy_version, "algorithm": self.algorithm.name,
                  "trainer_config": asdict(self.cfg), "kl_coef": self.algorithm.loss.kl_coef,
-                 "reference": self.reference.state()}
+                 "reference": self.reference.state(), "streaks": self._streaks()}
         if hasattr(self.source, "state_dict"):
             state["source_state"] = self.source.state_dict()
         path = save_checkpoint(
@@ -472,6 +466,7 @@ class Trainer:
             master_weights=self.masters.state_dict(self.model) if self.masters.active else None,
             tensor_files={REFERENCE_FILE: reference} if reference else None,
         )
+        self.keeper.prune()  # the bests no retained checkpoint can resume to are gone
         if hasattr(self.source, "on_checkpoint"):  # e.g. the pipeline acknowledges what this checkpoint holds
             self.source.on_checkpoint(path)
         return path
@@ -489,8 +484,11 @@ class Trainer:
             self.masters.load_state_dict(self.model, load_master_weights(path) or {})
         self.reference.load(path, state.get("reference"), self.model)
         self.step = int(state["step"])
-        self.best, self._best_state = load_best(Path(path).parent, self.step)  # used when keep_best is set, now or later
+        self.keeper.root = Path(path).parent
+        self.keeper.load(self.step)  # used when keep_best is set, now or later
         self.policy_version = int(state.get("policy_version", self.step))
+        for k, v in state.get("streaks", {}).items():  # a resumed run stops where the uninterrupted one would
+            setattr(self, k, int(v))
         if "kl_coef" in state and self.cfg.kl_target is not None:  # the adaptive controller's position
             self.algorithm = dataclasses.replace(
                 self.algorithm, loss=dataclasses.replace(self.algorithm.loss, kl_coef=float(state["kl_coef"])))
