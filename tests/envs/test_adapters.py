@@ -148,6 +148,38 @@ def test_a_seat_whose_game_ends_before_its_first_turn_keeps_the_outcome(tokenize
     assert build_saw_items([winner], MonteCarloReturn()) == []
 
 
+@pytest.mark.parametrize("seats", [[0], "seed"])
+@pytest.mark.parametrize("protocol", ["single", "multi"])
+def test_a_game_the_opponent_ends_before_the_agents_first_turn_keeps_the_outcome(tokenizer, seats, protocol):
+    """Was: with ``seats=[k]`` or ``"seed"`` and an ``opponent``, ``reset`` dropped what ``_advance`` returned, so
+    a Kuhn poker game the opponent forfeits (two invalid answers) before the agent's first turn gave a rollout
+    with no step, reward 0 and truncation "max_steps". Now reset carries the outcome (``ended_at_reset``) and
+    either protocol records it as one no-turn step: the win, its reward and info, nothing to train."""
+    require("textarena")
+    from ludic.envs.registry import register_env
+    from ludic.envs.textarena_env import TextArenaEnv
+
+    def make():
+        return TextArenaEnv("KuhnPoker-v0", seats=seats, opponent=lambda player, obs: "no idea", max_rounds=1)
+
+    aid = make().agent_ids[0]
+    seed = next(s for s in range(50) if not _reset_active(make(), s))  # the opponent moves first and forfeits
+    register_env("test_ta_forfeit", make)
+    client = FunctionClient(tokenizer, lambda m: "[check]")
+    build = {"single": lambda: SingleAgentProtocol(Agent(client, make_context("full"))),
+             "multi": lambda: MultiAgentProtocol({aid: Agent(client, make_context("full"))})}[protocol]
+    (r,) = run(RolloutEngine({"p": build}), [RolloutRequest(EnvSpec("test_ta_forfeit"), protocol="p", env_seed=seed)])
+    assert not r.meta.get("failed"), r.meta
+    (step,) = r.steps
+    assert step.no_turn and step.terminated and step.trace is None and r.total_reward == 1.0
+    assert step.info["outcome"] == "win" and step.info["success"] == 1.0 and r.meta["truncation_reason"] is None
+
+
+def _reset_active(env, seed):
+    env.reset(seed=seed)
+    return env.active_agents
+
+
 def _first_to_move(spec, seed):
     env = make_env(spec)
     env.reset(seed=seed)
