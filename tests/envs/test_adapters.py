@@ -237,6 +237,23 @@ def test_reasoning_gym_scores_with_the_datasets_own_grader_on_disjoint_splits(to
         make_env(EnvSpec("reasoning_gym:leg_countin"))
 
 
+def test_reasoning_gym_takes_a_list_valued_config_from_env_kwargs():
+    """Was: ``--env-kwargs '{"config": {"operators": ["+"]}}'`` raised ``TypeError: unhashable type: 'list'``
+    in the dataset cache (its key held the config's values). Now the key is the config's canonical JSON:
+    the dataset gets the list, and an equal config (keys in another order) reuses the cached dataset."""
+    require("reasoning_gym")
+    config = {"operators": ["+"], "min_terms": 2, "max_terms": 3}
+    env = make_env(EnvSpec("reasoning_gym:basic_arithmetic", {"config": config, "train_size": 20, "eval_size": 4}))
+    assert env.dataset.config.operators == ["+"]
+    sums = [env.reset(seed=s)["agent_0"][0].splitlines()[0] for s in range(20)]  # "Calculate 5 + 3."
+    assert all("+" in q and not set("*/") & set(q) for q in sums), sums  # "-" also writes a negative term
+    env.reset(seed=3)
+    assert env.step({"agent_0": f"<answer>{env.entry['answer']}</answer>"})["agent_0"].reward == 1.0
+    again = make_env(EnvSpec("reasoning_gym:basic_arithmetic",
+                             {"config": dict(reversed(config.items())), "train_size": 20, "eval_size": 4}))
+    assert again.dataset is env.dataset
+
+
 def test_gem_env_through_the_generic_gymnasium_wrapper(tokenizer):
     require("gem")
     client = FunctionClient(tokenizer, bisect(r"between (\d+) and (\d+)", lambda g: f"\\boxed{{{g}}}"))
