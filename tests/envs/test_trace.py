@@ -157,6 +157,36 @@ def test_sandbox_attack_is_stopped_and_the_host_lives(attack_table, name):
     assert _cgroup_pids() == []
 
 
+FORK_64 = """import os, time
+n = 0
+for _ in range(64):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(2)
+        os._exit(0)
+    n += 1
+print(n)
+"""
+"""Forks up to 64 sleeping children (bounded: harmless without a cap too) and prints how many it got."""
+
+
+def test_a_process_cap_always_applies():
+    """Was: ``max_pids=None`` ran the program with no process cap at all (no pids cgroup, no RLIMIT_NPROC),
+    though the docstring said the sandbox refuses to run without one: FORK_64 got all 64 children. Now None is
+    refused with an error naming ``max_pids``, and the default cap contains the same program."""
+    from ludic.envs.sandbox import SandboxUnavailable
+
+    with pytest.raises((ValueError, SandboxUnavailable), match="max_pids"):
+        out = run_python(FORK_64, timeout_s=20, max_pids=None)
+        print("uncapped:", out.stdout.strip(), "children")
+    capped = run_python(FORK_64, timeout_s=20)
+    assert capped.stdout.strip() and int(capped.stdout) < 32, (capped.stdout, capped.stderr[-300:])
+    assert _cgroup_pids() == []
+
+
 def test_the_sandbox_runs_as_an_unprivileged_user_in_its_own_pid_namespace():
     out = run_python("import os\nprint(os.getuid(), os.getgid(), os.getpid())\nprint(sorted(os.listdir('/proc'))[:3])")
     assert out.ok, out.stderr
