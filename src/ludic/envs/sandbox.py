@@ -15,7 +15,9 @@ kernel, not by the program's good will:
   cgroup are killed.
 - **memory**: ``RLIMIT_AS`` (address space) for every process; an allocation past it fails.
 - **processes**: a pids cgroup (v2 ``pids.max`` or v1 ``/sys/fs/cgroup/pids``) caps the process
-  count, so a fork bomb stalls at the cap and is killed with the rest.
+  count, so a fork bomb stalls at the cap and is killed with the rest. The cap always applies:
+  ``max_pids`` must be a number (``None`` is refused with a ``ValueError``). ``RLIMIT_NPROC`` is no
+  fallback: it counts every process of the host user (the trainer's threads, other sandboxes).
 - **output**: stdout and stderr go to host files capped by ``RLIMIT_FSIZE`` (a program printing
   forever is stopped at the cap, not buffered in the host).
 
@@ -148,29 +150,33 @@ def run_python(
     *,
     timeout_s: float = 10.0,
     memory_mb: int = 512,
-    max_pids: int | None = 32,
+    max_pids: int = 32,
     network: bool = False,
     max_output_bytes: int = 4 << 20,
     scratch_mb: int = 64,
     python: str | None = None,
 ) -> SandboxResult:
     """Run ``code`` with ``stdin`` under the module's limits and return what it printed.
+    ``max_pids``: the processes the program may have at once (the pids cgroup's cap; required).
     ``python``: the interpreter inside (default ``SYSTEM_PYTHON``; one outside ``/usr`` has its
     installation folder bound read-only too)."""
+    if isinstance(max_pids, bool) or not isinstance(max_pids, int) or max_pids < 1:
+        raise ValueError(f"max_pids must be a number of processes >= 1, got {max_pids!r}: the sandbox always caps "
+                         "processes (a fork bomb would otherwise run until the timeout)")
     python = python or SYSTEM_PYTHON
     problem = sandbox_problem(python, network)
     if problem is not None:
         raise SandboxUnavailable(problem)
-    cg_root = _pids_root() if max_pids is not None else None
-    if max_pids is not None and cg_root is None:
-        raise SandboxUnavailable("no writable pids cgroup: cannot cap processes (root ignores RLIMIT_NPROC)")
+    cg_root = _pids_root()
+    if cg_root is None:
+        raise SandboxUnavailable("no writable pids cgroup: cannot cap processes (RLIMIT_NPROC would count every "
+                                 "process of the host user, not the sandbox's)")
     work = Path(tempfile.mkdtemp(prefix="ludic-sandbox-"))
-    cgroup = None
+    cgroup: Path | None = None
     try:
-        if cg_root is not None:
-            cgroup = cg_root / f"ludic-sandbox-{uuid.uuid4().hex[:12]}"
-            cgroup.mkdir()
-            (cgroup / "pids.max").write_text(str(max_pids))
+        cgroup = cg_root / f"ludic-sandbox-{uuid.uuid4().hex[:12]}"
+        cgroup.mkdir()
+        (cgroup / "pids.max").write_text(str(max_pids))
         main = work / "main.py"
         main.write_text(code)
         os.chmod(work, 0o755)  # bwrap runs as nobody: it reads main.py to bind it; nothing else is shown
