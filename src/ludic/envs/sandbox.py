@@ -9,7 +9,9 @@ kernel, not by the program's good will:
   cgroup namespaces: it sees no host process (it cannot signal the trainer) and dies with it.
 - **files**: a read-only view of the system's ``/usr`` (the system Python lives there) and nothing
   else of the host: no home folder, no ``/etc``, no ``/tmp``, no trainer file. One writable scratch
-  folder, a tmpfs capped at ``scratch_mb``; the program's own source is bound read-only.
+  folder, a tmpfs capped at ``scratch_mb``; the program's own source is handed to bwrap as an open
+  file and bound read-only. On the host, the folder holding the program, its input and its output
+  is the trainer's alone (0700, its files 0600): no other local user reads them.
 - **network**: a fresh network namespace: no interface but a down loopback.
 - **time**: a wall-clock timeout; the whole process group and every process in the sandbox's
   cgroup are killed.
@@ -97,7 +99,14 @@ def _drop_privileges() -> None:
         os.setuid(NOBODY)
 
 
-def _bwrap_args(main: Path, python: str, scratch_mb: int, network: bool) -> list[str]:
+def _private(path: str, flags: int) -> int:
+    """An ``open`` opener: a file created readable and writable by its owner only (0600)."""
+    return os.open(path, flags, 0o600)
+
+
+def _bwrap_args(main_fd: int, python: str, scratch_mb: int, network: bool) -> list[str]:
+    """bwrap's command line; ``main_fd`` is an open file of the program (bwrap copies it in, so the trainer's
+    private folder holding it need not be readable by the sandbox's user)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable("bubblewrap (bwrap) is not installed: `apt-get install bubblewrap` "
@@ -115,7 +124,7 @@ def _bwrap_args(main: Path, python: str, scratch_mb: int, network: bool) -> list
         prefix = str(Path(python).resolve().parent.parent)
         args += ["--ro-bind", prefix, prefix]
     return args + ["--proc", "/proc", "--dev", "/dev", "--size", str(scratch_mb << 20), "--tmpfs", "/sandbox/scratch",
-                   "--ro-bind", str(main), "/sandbox/main.py", "--chdir", "/sandbox/scratch",
+                   "--ro-bind-data", str(main_fd), "/sandbox/main.py", "--chdir", "/sandbox/scratch",
                    python, "-I", "-S", "/sandbox/main.py"]
 
 
@@ -128,13 +137,13 @@ def sandbox_problem(python: str = SYSTEM_PYTHON, network: bool = False) -> str |
     key = (python, network)
     if key not in _PROBED:
         with tempfile.TemporaryDirectory(prefix="ludic-sandbox-probe-") as d:
-            main = Path(d) / "main.py"
-            main.write_text("pass\n")
-            os.chmod(d, 0o755)
-            os.chmod(main, 0o644)
+            with open(Path(d) / "main.py", "w", opener=_private) as f:
+                f.write("pass\n")
             try:
-                out = subprocess.run(_bwrap_args(main, python, 1, network), capture_output=True, text=True,
-                                     timeout=30, preexec_fn=_drop_privileges)
+                with open(Path(d) / "main.py", "rb") as main:
+                    out = subprocess.run(_bwrap_args(main.fileno(), python, 1, network), capture_output=True,
+                                         text=True, timeout=30, preexec_fn=_drop_privileges, cwd="/",
+                                         pass_fds=(main.fileno(),))
                 _PROBED[key] = None if out.returncode == 0 else (
                     f"bubblewrap could not build the sandbox (exit {out.returncode}): {out.stderr.strip()[-300:]}")
             except SandboxUnavailable as e:
@@ -171,17 +180,15 @@ def run_python(
     if cg_root is None:
         raise SandboxUnavailable("no writable pids cgroup: cannot cap processes (RLIMIT_NPROC would count every "
                                  "process of the host user, not the sandbox's)")
-    work = Path(tempfile.mkdtemp(prefix="ludic-sandbox-"))
+    work = Path(tempfile.mkdtemp(prefix="ludic-sandbox-"))  # 0700: the trainer's alone
     cgroup: Path | None = None
     try:
         cgroup = cg_root / f"ludic-sandbox-{uuid.uuid4().hex[:12]}"
         cgroup.mkdir()
         (cgroup / "pids.max").write_text(str(max_pids))
-        main = work / "main.py"
-        main.write_text(code)
-        os.chmod(work, 0o755)  # bwrap runs as nobody: it reads main.py to bind it; nothing else is shown
-        os.chmod(main, 0o644)
-        (work / "stdin.txt").write_text(stdin)
+        for name, text in (("main.py", code), ("stdin.txt", stdin)):
+            with open(work / name, "w", opener=_private) as f:
+                f.write(text)
         out_path, err_path = work / "stdout.txt", work / "stderr.txt"
 
         def limit() -> None:  # in the child, before exec: as root, then drop to nobody
@@ -195,10 +202,12 @@ def run_python(
             resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
             _drop_privileges()
 
-        cmd = _bwrap_args(main, python, scratch_mb, network)
         t0 = time.perf_counter()
-        with open(work / "stdin.txt", "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
-            proc = subprocess.Popen(cmd, cwd=work, stdin=fin, stdout=fout, stderr=ferr, preexec_fn=limit, env={})
+        with open(work / "main.py", "rb") as main, open(work / "stdin.txt", "rb") as fin, \
+                open(out_path, "wb", opener=_private) as fout, open(err_path, "wb", opener=_private) as ferr:
+            cmd = _bwrap_args(main.fileno(), python, scratch_mb, network)
+            proc = subprocess.Popen(cmd, cwd="/", stdin=fin, stdout=fout, stderr=ferr, preexec_fn=limit, env={},
+                                    pass_fds=(main.fileno(),))
             timed_out = False
             try:
                 proc.wait(timeout=timeout_s)
