@@ -148,6 +148,38 @@ def test_a_seat_whose_game_ends_before_its_first_turn_keeps_the_outcome(tokenize
     assert build_saw_items([winner], MonteCarloReturn()) == []
 
 
+@pytest.mark.parametrize("seats", [[0], "seed"])
+@pytest.mark.parametrize("protocol", ["single", "multi"])
+def test_a_game_the_opponent_ends_before_the_agents_first_turn_keeps_the_outcome(tokenizer, seats, protocol):
+    """Was: with ``seats=[k]`` or ``"seed"`` and an ``opponent``, ``reset`` dropped what ``_advance`` returned, so
+    a Kuhn poker game the opponent forfeits (two invalid answers) before the agent's first turn gave a rollout
+    with no step, reward 0 and truncation "max_steps". Now reset carries the outcome (``ended_at_reset``) and
+    either protocol records it as one no-turn step: the win, its reward and info, nothing to train."""
+    require("textarena")
+    from ludic.envs.registry import register_env
+    from ludic.envs.textarena_env import TextArenaEnv
+
+    def make():
+        return TextArenaEnv("KuhnPoker-v0", seats=seats, opponent=lambda player, obs: "no idea", max_rounds=1)
+
+    aid = make().agent_ids[0]
+    seed = next(s for s in range(50) if not _reset_active(make(), s))  # the opponent moves first and forfeits
+    register_env("test_ta_forfeit", make)
+    client = FunctionClient(tokenizer, lambda m: "[check]")
+    build = {"single": lambda: SingleAgentProtocol(Agent(client, make_context("full"))),
+             "multi": lambda: MultiAgentProtocol({aid: Agent(client, make_context("full"))})}[protocol]
+    (r,) = run(RolloutEngine({"p": build}), [RolloutRequest(EnvSpec("test_ta_forfeit"), protocol="p", env_seed=seed)])
+    assert not r.meta.get("failed"), r.meta
+    (step,) = r.steps
+    assert step.no_turn and step.terminated and step.trace is None and r.total_reward == 1.0
+    assert step.info["outcome"] == "win" and step.info["success"] == 1.0 and r.meta["truncation_reason"] is None
+
+
+def _reset_active(env, seed):
+    env.reset(seed=seed)
+    return env.active_agents
+
+
 def _first_to_move(spec, seed):
     env = make_env(spec)
     env.reset(seed=seed)
@@ -203,6 +235,23 @@ def test_reasoning_gym_scores_with_the_datasets_own_grader_on_disjoint_splits(to
     assert tag_only.step({"agent_0": f"the total is {answers[obs]}"})["agent_0"].info["no_answer"] is True
     with pytest.raises(ValueError, match="no dataset 'leg_countin'"):
         make_env(EnvSpec("reasoning_gym:leg_countin"))
+
+
+def test_reasoning_gym_takes_a_list_valued_config_from_env_kwargs():
+    """Was: ``--env-kwargs '{"config": {"operators": ["+"]}}'`` raised ``TypeError: unhashable type: 'list'``
+    in the dataset cache (its key held the config's values). Now the key is the config's canonical JSON:
+    the dataset gets the list, and an equal config (keys in another order) reuses the cached dataset."""
+    require("reasoning_gym")
+    config = {"operators": ["+"], "min_terms": 2, "max_terms": 3}
+    env = make_env(EnvSpec("reasoning_gym:basic_arithmetic", {"config": config, "train_size": 20, "eval_size": 4}))
+    assert env.dataset.config.operators == ["+"]
+    sums = [env.reset(seed=s)["agent_0"][0].splitlines()[0] for s in range(20)]  # "Calculate 5 + 3."
+    assert all("+" in q and not set("*/") & set(q) for q in sums), sums  # "-" also writes a negative term
+    env.reset(seed=3)
+    assert env.step({"agent_0": f"<answer>{env.entry['answer']}</answer>"})["agent_0"].reward == 1.0
+    again = make_env(EnvSpec("reasoning_gym:basic_arithmetic",
+                             {"config": dict(reversed(config.items())), "train_size": 20, "eval_size": 4}))
+    assert again.dataset is env.dataset
 
 
 def test_gem_env_through_the_generic_gymnasium_wrapper(tokenizer):

@@ -4,6 +4,7 @@ import json
 import os
 import re
 import time
+from pathlib import Path
 
 import pytest
 
@@ -155,6 +156,74 @@ def test_sandbox_attack_is_stopped_and_the_host_lives(attack_table, name):
     assert not r["ok"] and "secret" not in r["stdout"] and "wrote" not in r["stdout"] and "connected" not in r["stdout"]
     assert not r["escaped"] and r["victim_alive"]
     assert _cgroup_pids() == []
+
+
+FORK_64 = """import os, time
+n = 0
+for _ in range(64):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(2)
+        os._exit(0)
+    n += 1
+print(n)
+"""
+"""Forks up to 64 sleeping children (bounded: harmless without a cap too) and prints how many it got."""
+
+
+def test_a_process_cap_always_applies():
+    """Was: ``max_pids=None`` ran the program with no process cap at all (no pids cgroup, no RLIMIT_NPROC),
+    though the docstring said the sandbox refuses to run without one: FORK_64 got all 64 children. Now None is
+    refused with an error naming ``max_pids``, and the default cap contains the same program."""
+    from ludic.envs.sandbox import SandboxUnavailable
+
+    with pytest.raises((ValueError, SandboxUnavailable), match="max_pids"):
+        out = run_python(FORK_64, timeout_s=20, max_pids=None)
+        print("uncapped:", out.stdout.strip(), "children")
+    capped = run_python(FORK_64, timeout_s=20)
+    assert capped.stdout.strip() and int(capped.stdout) < 32, (capped.stdout, capped.stderr[-300:])
+    assert _cgroup_pids() == []
+
+
+def test_the_work_folder_is_private_and_the_program_still_runs():
+    """Was: the host folder holding the program, its input and its output was made 0755 (main.py 0644, the
+    output files by the umask), so any local user could read them while it ran. Now the folder is 0700 and
+    no file in it is readable by group or others; the program (as ``nobody``, in bwrap) still runs. Watched
+    from a thread while the program sleeps: every look at the folder (found by the run's own input) counts."""
+    import tempfile
+    import threading
+    import uuid
+
+    marker = f"private-{uuid.uuid4().hex}"
+    looks, done = [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            for d in Path(tempfile.gettempdir()).glob("ludic-sandbox-*"):
+                try:
+                    files = {f.name: f.stat().st_mode & 0o777 for f in d.iterdir() if f.is_file()}
+                    if any(marker in f.read_text(errors="replace") for f in d.iterdir() if f.is_file()):
+                        looks.append((d.stat().st_mode & 0o777, files))
+                except OSError:
+                    pass  # another run's folder, or this one removed in between
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        out = run_python("import sys, time\ndata = sys.stdin.read()\nprint(data[::-1])\nsys.stdout.flush()\n"
+                         "time.sleep(2)", stdin=marker, timeout_s=20)
+    finally:
+        done.set()
+        watcher.join()
+    assert out.ok and out.stdout == marker[::-1] + "\n", (out.reason, out.stderr[-300:])
+    assert looks, "the run's work folder was never seen"
+    print(f"{len(looks)} looks; last: folder {oct(looks[-1][0])}, files {({k: oct(v) for k, v in looks[-1][1].items()})}")
+    assert all(mode == 0o700 for mode, _ in looks), {oct(m) for m, _ in looks}
+    assert all(not m & 0o077 for _, files in looks for m in files.values()), looks[-1]
 
 
 def test_the_sandbox_runs_as_an_unprivileged_user_in_its_own_pid_namespace():

@@ -60,3 +60,40 @@ def test_the_pipeline_refuses_the_format_cold_start_with_the_way_to_run_it(tiny_
     with pytest.raises(UsageError, match="--keep-best run in `ludic train env` only"):
         ENV.load(EnvPipelineConfig(model=str(tiny_model_dir), keep_best=True, eval_every=5))
     assert not EnvPipelineConfig().keep_best and EnvPipelineConfig().eval_every == 0  # train env's default is off here
+
+
+def _actor_seeds(cfg, run_dir):
+    """Run one ``ludic actor env`` batch in process; the (env seed, sampling seed) of each episode it played."""
+    import asyncio
+
+    from ludic.recipes import pipeline
+    from ludic.recipes.env_pipeline import ENV
+
+    asyncio.run(pipeline.actor_loop(cfg, ENV))
+    lines = (run_dir / "rollouts.jsonl").read_text().splitlines()
+    (run_dir / "rollouts.jsonl").unlink()
+    return sorted({(r["meta"]["env_seed"], r["meta"]["sampling_seed"]) for r in map(json.loads, lines)})
+
+
+def test_two_actors_started_alike_draw_different_seeds_and_a_named_one_repeats_its_own(redis_server, tiny_model_dir,
+                                                                                       tmp_path):
+    """Was: every actor took ``--seed 0`` for its training seeds and its GRPO request strategy, so two actors
+    started with the same flags pushed the same episodes. Now each actor's seed is derived from ``--seed`` and
+    its actor id (by default ``actor-<n>``, numbered in Redis as actors start): two actors started alike draw
+    different env and sampling seeds; one started again with the same ``--actor-id`` and ``--seed`` repeats
+    its own."""
+    from ludic.pipeline.actor import AnnouncingPublisher
+    from ludic.pipeline.streams import PipelineStreams
+    from ludic.recipes.env_pipeline import ENV, EnvPipelineConfig
+
+    run_dir = tmp_path / "actor"
+    flags = _cmd("actor", tiny_model_dir, redis_server.url, run_dir, "--actor-batches", "1")[5:]
+    cfg = parse_config(EnvPipelineConfig, flags)
+    model, _ = ENV.load(cfg)
+    AnnouncingPublisher(PipelineStreams(redis_server.url, prefix="envp")).publish(model, 0)  # the learner's start
+
+    first, second = _actor_seeds(cfg, run_dir), _actor_seeds(parse_config(EnvPipelineConfig, flags), run_dir)
+    assert len(first) == len(second) == 4  # 2 prompts x a group of 2
+    assert not set(first) & set(second), (first, second)
+    named = parse_config(EnvPipelineConfig, [*flags, "--actor-id", "a7", "--seed", "3"])
+    assert _actor_seeds(named, run_dir) == _actor_seeds(named, run_dir)

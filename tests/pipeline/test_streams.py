@@ -90,7 +90,10 @@ def _poisoned(field, value):
     head = json.loads(good[b"head"])
     if field in _ARRAYS:
         return {**good, field.encode(): np.asarray(value, dtype=_ARRAYS[field]).tobytes()}
-    head[field] = value
+    if field.startswith("meta."):  # one field of the item's meta
+        head["meta"][field[len("meta."):]] = value
+    else:
+        head[field] = value
     return {**good, b"head": json.dumps(head).encode()}
 
 
@@ -110,6 +113,17 @@ POISON = {  # field, value -> the word the error names
     "negative top_k": ("top_k", -1, "top_k"),
     "NaN episode share": ("episode_share", float("nan"), "episode_share"),
     "meta not an object": ("meta", [1, 2], "meta"),
+    # the meta fields the learner reads: an actor's string once crashed the learner's batch (and every restart)
+    "string filtered tokens": ("meta.filtered_tokens_per_token", "1.5", "filtered_tokens_per_token"),
+    "negative filtered tokens": ("meta.filtered_tokens_per_token", -1.0, "filtered_tokens_per_token"),
+    "zero-variance share over 1": ("meta.zero_var_group_share", 1.5, "zero_var_group_share"),
+    "NaN total reward": ("meta.total_reward", float("nan"), "total_reward"),
+    "list reward": ("meta.reward", [1.0], "reward"),
+    "string value target": ("meta.value_target", "0.3", "value_target"),
+    "boolean value_old": ("meta.value_old", True, "value_old"),
+    "parse_error as a string": ("meta.parse_error", "false", "parse_error"),
+    "fractional step index": ("meta.step_index", 1.5, "step_index"),
+    "numeric rollout id": ("meta.rollout_id", 7, "rollout_id"),
 }
 
 
@@ -132,6 +146,27 @@ async def test_a_poisoned_entry_is_skipped_counted_and_acked_not_trained(streams
     source.on_checkpoint()
     assert streams.pending_ids() == [] and read_ledger(tmp_path / "l.jsonl")["malformed"] == {bad}
     assert set(good) == read_ledger(tmp_path / "l.jsonl")["trained"]
+
+
+async def test_a_bad_meta_field_is_malformed_not_a_crash_loop(streams, tmp_path):
+    """An actor's item with ``meta["filtered_tokens_per_token"] = "1.5"`` (a string) decoded, then crashed the
+    learner's batch (``str * int``); unacknowledged, it was read first again after every restart. Now its meta is
+    checked like its other fields: the entry is malformed (named in the error), skipped, counted and acknowledged,
+    and a restarted learner reads on past it."""
+    writer = SampleWriter(streams, max_unread=100)
+    bad = writer.push_raw(_poisoned("meta.filtered_tokens_per_token", "1.5"))
+    good = writer.push([item(k) for k in range(2)])
+    source = PipelineBatchSource(SampleReader(streams, vocab_size=49152), batch_size=2, version_fn=lambda: 7,
+                                 ledger_path=tmp_path / "l.jsonl")  # version 7: the poisoned item's (not stale)
+    b = await source.next_batch()
+    assert [it.meta["rollout_id"] for it in b.items] == ["r0", "r1"] and b.meta["pipeline_malformed"] == 1
+    assert b.meta["filtered_action_tokens"] == 0.0 and b.meta["pipeline_stale_dropped"] == 0
+    source.on_checkpoint()
+    assert streams.pending_ids() == [] and read_ledger(tmp_path / "l.jsonl")["malformed"] == {bad}
+    later = writer.push([item(5)])
+    restarted = PipelineBatchSource(SampleReader(streams, vocab_size=49152), batch_size=1, version_fn=lambda: 7)
+    assert [it.meta["rollout_id"] for it in (await restarted.next_batch()).items] == ["r5"]
+    assert set(streams.all_ids()) == {bad, *good, *later}
 
 
 async def test_source_drops_stale_and_malformed_and_acks_after_checkpoint(streams, tmp_path):

@@ -60,6 +60,14 @@ class LudicEnv(ABC):
         """Rules of the game, for agents that have no system prompt of their own."""
         return None
 
+    @property
+    def ended_at_reset(self) -> dict[str, StepOutcome]:
+        """The outcomes of agents whose episode the last ``reset`` already ended (players the env plays
+        itself, an opponent, finished the game before their first turn): a protocol records each as a
+        no-turn step carrying its reward and info (``interaction.base.no_turn_steps_at_reset``). Empty by
+        default."""
+        return {}
+
     max_turns: int | None = None
     """The env's own turn limit: a ``RolloutRequest`` with ``max_steps=None`` uses it (the one place a
     turn limit lives); None: ``DEFAULT_MAX_STEPS``. Every model call counts as a turn."""

@@ -17,6 +17,7 @@ Needs ``pip install 'ludic[envs]'`` (or ``reasoning-gym``).
 from __future__ import annotations
 
 import functools
+import json
 import re
 from typing import Any
 
@@ -46,8 +47,20 @@ def extract_answer(reply: str, reference: str | None = None, mode: str = "auto")
     return None
 
 
+def config_key(name: str, config: dict[str, Any] | None) -> str:
+    """A dataset config as canonical JSON (sorted keys): the cache key of ``_dataset``, hashable where the
+    config holds lists (``--env-kwargs '{"config": {"operators": ["+"]}}'``)."""
+    try:
+        return json.dumps(config or {}, sort_keys=True)
+    except TypeError as e:
+        raise ValueError(f"reasoning-gym {name}: config must be JSON values (numbers, strings, lists, "
+                         f"objects): {e}") from None
+
+
 @functools.lru_cache(maxsize=32)
-def _dataset(name: str, config_items: tuple, seed: int, size: int) -> Any:
+def _dataset(name: str, config_json: str, seed: int, size: int) -> Any:
+    """The dataset ``name`` built once per (config, seed, size); the config is read back from its key, so a
+    config from Python and the same one from ``--env-kwargs`` build the same dataset."""
     try:
         import reasoning_gym
     except ImportError as e:
@@ -57,7 +70,7 @@ def _dataset(name: str, config_items: tuple, seed: int, size: int) -> Any:
     if name not in DATASETS:
         near = sorted(k for k in DATASETS if name.split("_")[0] in k)[:10]
         raise ValueError(f"reasoning-gym has no dataset {name!r}" + (f"; similar: {near}" if near else ""))
-    return reasoning_gym.create_dataset(name, seed=seed, size=size, **dict(config_items))
+    return reasoning_gym.create_dataset(name, seed=seed, size=size, **json.loads(config_json))
 
 
 class ReasoningGymEnv(SingleAgentEnv):
@@ -86,8 +99,7 @@ class ReasoningGymEnv(SingleAgentEnv):
             raise ValueError(f"answer must be 'auto' or 'tag', got {answer!r}")
         self.name, self.split, self.instruction, self.answer_mode = name, split, instruction, answer
         self.train_size, self.eval_size, self.no_answer_reward = int(train_size), int(eval_size), no_answer_reward
-        self.dataset = _dataset(name, tuple(sorted((config or {}).items())), int(dataset_seed),
-                                self.train_size + self.eval_size)
+        self.dataset = _dataset(name, config_key(name, config), int(dataset_seed), self.train_size + self.eval_size)
         self.entry: dict[str, Any] = {}
 
     def env_reset(self, seed: int | None = None) -> tuple[str, JSON]:

@@ -9,13 +9,17 @@ kernel, not by the program's good will:
   cgroup namespaces: it sees no host process (it cannot signal the trainer) and dies with it.
 - **files**: a read-only view of the system's ``/usr`` (the system Python lives there) and nothing
   else of the host: no home folder, no ``/etc``, no ``/tmp``, no trainer file. One writable scratch
-  folder, a tmpfs capped at ``scratch_mb``; the program's own source is bound read-only.
+  folder, a tmpfs capped at ``scratch_mb``; the program's own source is handed to bwrap as an open
+  file and bound read-only. On the host, the folder holding the program, its input and its output
+  is the trainer's alone (0700, its files 0600): no other local user reads them.
 - **network**: a fresh network namespace: no interface but a down loopback.
 - **time**: a wall-clock timeout; the whole process group and every process in the sandbox's
   cgroup are killed.
 - **memory**: ``RLIMIT_AS`` (address space) for every process; an allocation past it fails.
 - **processes**: a pids cgroup (v2 ``pids.max`` or v1 ``/sys/fs/cgroup/pids``) caps the process
-  count, so a fork bomb stalls at the cap and is killed with the rest.
+  count, so a fork bomb stalls at the cap and is killed with the rest. The cap always applies:
+  ``max_pids`` must be a number (``None`` is refused with a ``ValueError``). ``RLIMIT_NPROC`` is no
+  fallback: it counts every process of the host user (the trainer's threads, other sandboxes).
 - **output**: stdout and stderr go to host files capped by ``RLIMIT_FSIZE`` (a program printing
   forever is stopped at the cap, not buffered in the host).
 
@@ -95,7 +99,14 @@ def _drop_privileges() -> None:
         os.setuid(NOBODY)
 
 
-def _bwrap_args(main: Path, python: str, scratch_mb: int, network: bool) -> list[str]:
+def _private(path: str, flags: int) -> int:
+    """An ``open`` opener: a file created readable and writable by its owner only (0600)."""
+    return os.open(path, flags, 0o600)
+
+
+def _bwrap_args(main_fd: int, python: str, scratch_mb: int, network: bool) -> list[str]:
+    """bwrap's command line; ``main_fd`` is an open file of the program (bwrap copies it in, so the trainer's
+    private folder holding it need not be readable by the sandbox's user)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable("bubblewrap (bwrap) is not installed: `apt-get install bubblewrap` "
@@ -113,7 +124,7 @@ def _bwrap_args(main: Path, python: str, scratch_mb: int, network: bool) -> list
         prefix = str(Path(python).resolve().parent.parent)
         args += ["--ro-bind", prefix, prefix]
     return args + ["--proc", "/proc", "--dev", "/dev", "--size", str(scratch_mb << 20), "--tmpfs", "/sandbox/scratch",
-                   "--ro-bind", str(main), "/sandbox/main.py", "--chdir", "/sandbox/scratch",
+                   "--ro-bind-data", str(main_fd), "/sandbox/main.py", "--chdir", "/sandbox/scratch",
                    python, "-I", "-S", "/sandbox/main.py"]
 
 
@@ -126,13 +137,13 @@ def sandbox_problem(python: str = SYSTEM_PYTHON, network: bool = False) -> str |
     key = (python, network)
     if key not in _PROBED:
         with tempfile.TemporaryDirectory(prefix="ludic-sandbox-probe-") as d:
-            main = Path(d) / "main.py"
-            main.write_text("pass\n")
-            os.chmod(d, 0o755)
-            os.chmod(main, 0o644)
+            with open(Path(d) / "main.py", "w", opener=_private) as f:
+                f.write("pass\n")
             try:
-                out = subprocess.run(_bwrap_args(main, python, 1, network), capture_output=True, text=True,
-                                     timeout=30, preexec_fn=_drop_privileges)
+                with open(Path(d) / "main.py", "rb") as main:
+                    out = subprocess.run(_bwrap_args(main.fileno(), python, 1, network), capture_output=True,
+                                         text=True, timeout=30, preexec_fn=_drop_privileges, cwd="/",
+                                         pass_fds=(main.fileno(),))
                 _PROBED[key] = None if out.returncode == 0 else (
                     f"bubblewrap could not build the sandbox (exit {out.returncode}): {out.stderr.strip()[-300:]}")
             except SandboxUnavailable as e:
@@ -148,34 +159,36 @@ def run_python(
     *,
     timeout_s: float = 10.0,
     memory_mb: int = 512,
-    max_pids: int | None = 32,
+    max_pids: int = 32,
     network: bool = False,
     max_output_bytes: int = 4 << 20,
     scratch_mb: int = 64,
     python: str | None = None,
 ) -> SandboxResult:
     """Run ``code`` with ``stdin`` under the module's limits and return what it printed.
+    ``max_pids``: the processes the program may have at once (the pids cgroup's cap; required).
     ``python``: the interpreter inside (default ``SYSTEM_PYTHON``; one outside ``/usr`` has its
     installation folder bound read-only too)."""
+    if isinstance(max_pids, bool) or not isinstance(max_pids, int) or max_pids < 1:
+        raise ValueError(f"max_pids must be a number of processes >= 1, got {max_pids!r}: the sandbox always caps "
+                         "processes (a fork bomb would otherwise run until the timeout)")
     python = python or SYSTEM_PYTHON
     problem = sandbox_problem(python, network)
     if problem is not None:
         raise SandboxUnavailable(problem)
-    cg_root = _pids_root() if max_pids is not None else None
-    if max_pids is not None and cg_root is None:
-        raise SandboxUnavailable("no writable pids cgroup: cannot cap processes (root ignores RLIMIT_NPROC)")
-    work = Path(tempfile.mkdtemp(prefix="ludic-sandbox-"))
-    cgroup = None
+    cg_root = _pids_root()
+    if cg_root is None:
+        raise SandboxUnavailable("no writable pids cgroup: cannot cap processes (RLIMIT_NPROC would count every "
+                                 "process of the host user, not the sandbox's)")
+    work = Path(tempfile.mkdtemp(prefix="ludic-sandbox-"))  # 0700: the trainer's alone
+    cgroup: Path | None = None
     try:
-        if cg_root is not None:
-            cgroup = cg_root / f"ludic-sandbox-{uuid.uuid4().hex[:12]}"
-            cgroup.mkdir()
-            (cgroup / "pids.max").write_text(str(max_pids))
-        main = work / "main.py"
-        main.write_text(code)
-        os.chmod(work, 0o755)  # bwrap runs as nobody: it reads main.py to bind it; nothing else is shown
-        os.chmod(main, 0o644)
-        (work / "stdin.txt").write_text(stdin)
+        cgroup = cg_root / f"ludic-sandbox-{uuid.uuid4().hex[:12]}"
+        cgroup.mkdir()
+        (cgroup / "pids.max").write_text(str(max_pids))
+        for name, text in (("main.py", code), ("stdin.txt", stdin)):
+            with open(work / name, "w", opener=_private) as f:
+                f.write(text)
         out_path, err_path = work / "stdout.txt", work / "stderr.txt"
 
         def limit() -> None:  # in the child, before exec: as root, then drop to nobody
@@ -189,10 +202,12 @@ def run_python(
             resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
             _drop_privileges()
 
-        cmd = _bwrap_args(main, python, scratch_mb, network)
         t0 = time.perf_counter()
-        with open(work / "stdin.txt", "rb") as fin, open(out_path, "wb") as fout, open(err_path, "wb") as ferr:
-            proc = subprocess.Popen(cmd, cwd=work, stdin=fin, stdout=fout, stderr=ferr, preexec_fn=limit, env={})
+        with open(work / "main.py", "rb") as main, open(work / "stdin.txt", "rb") as fin, \
+                open(out_path, "wb", opener=_private) as fout, open(err_path, "wb", opener=_private) as ferr:
+            cmd = _bwrap_args(main.fileno(), python, scratch_mb, network)
+            proc = subprocess.Popen(cmd, cwd="/", stdin=fin, stdout=fout, stderr=ferr, preexec_fn=limit, env={},
+                                    pass_fds=(main.fileno(),))
             timed_out = False
             try:
                 proc.wait(timeout=timeout_s)

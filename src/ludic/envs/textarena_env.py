@@ -22,7 +22,9 @@ The game's own rules stay: its invalid-move handling (an error allowance, or a l
 and its rewards. A player's reward arrives when the game ends (``env.close()``), as TextArena reports
 it (1 win, -1 loss, 0 draw in two-player games; a score in single-player ones, 1 when solved, partial
 credit below). ``info["outcome"]`` is ``win`` / ``loss`` / ``draw`` (by the sign in multi-player games;
-``win`` only for a full score alone), and ``info["success"]`` is 1 for a win. A
+``win`` only for a full score alone), and ``info["success"]`` is 1 for a win. A game the ``opponent``
+ends before an agent's first turn (it moves first and forfeits) ends in ``reset``: ``ended_at_reset``
+carries each agent's outcome, which the protocol records as a no-turn step. A
 TextArena exception is raised to the protocol, which records a failed rollout (the run goes on).
 
 Needs ``pip install 'ludic[envs]'`` (or ``textarena``). Games that need extra data (NLTK word lists:
@@ -123,6 +125,7 @@ class TextArenaEnv(LudicEnv):
         self.seat_of: dict[str, int] = {}
         self._current: int | None = None
         self._obs: dict[str, str] = {}
+        self._ended: dict[str, StepOutcome] = {}
         self._done = True
 
     @property
@@ -134,6 +137,11 @@ class TextArenaEnv(LudicEnv):
     @property
     def agent_ids(self) -> list[str]:
         return list(self._ids)
+
+    @property
+    def ended_at_reset(self) -> dict[str, StepOutcome]:
+        """Each agent's outcome when the opponent ended the game in ``reset`` (before any agent's turn)."""
+        return dict(self._ended)
 
     @property
     def active_agents(self) -> list[str]:
@@ -151,7 +159,7 @@ class TextArenaEnv(LudicEnv):
         self.env = _make(self.game_id, self.env_kwargs)
         self.env.reset(num_players=self.num_players, seed=seed)
         self._done, self._obs, self._seen = False, {}, {}
-        self._advance()
+        self._ended = self._advance()  # an opponent that moves first may end the game before an agent's turn
         info = {"game": self.game_id, "seed": seed, "num_players": self.num_players}
         return {a: (self._obs.get(a, ""), {**info, "seat": p}) for a, p in self.seat_of.items()}
 

@@ -73,6 +73,13 @@ def no_turn_step(index: int, obs: str, out: StepOutcome) -> Step:
                 terminated=out.terminated, truncated=out.truncated, info={**out.info, "no_turn": True})
 
 
+def no_turn_steps_at_reset(env: LudicEnv, obs: dict[str, str]) -> dict[str, Step]:
+    """The no-turn step of each agent in ``obs`` (agent -> its reset observation) whose episode the env's
+    ``reset`` already ended (``LudicEnv.ended_at_reset``)."""
+    return {a: no_turn_step(0, obs[a], out) for a, out in env.ended_at_reset.items()
+            if a in obs and (out.terminated or out.truncated)}
+
+
 def error_step(index: int, obs: str, turn: AgentTurn, error: str) -> Step:
     """The env raised while applying this turn's action: the turn is kept for the log, unrewarded."""
     return Step(

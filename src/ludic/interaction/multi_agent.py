@@ -6,7 +6,8 @@ Turn-based and simultaneous games both work: at every iteration the agents in
 changed (the opponent of a player who just won) gets its reward and
 termination folded into its own last step, so every rollout carries the
 final outcome (an agent whose episode ended before its first turn gets one
-step with no action and no tokens that carries it: ``no_turn_step``).
+step with no action and no tokens that carries it: ``no_turn_step``; also when the
+env's ``reset`` already ended it, ``LudicEnv.ended_at_reset``).
 Self-play is two agents sharing one client; a seat played by
 a frozen policy (a league opponent) is listed in ``frozen``: its rollout is
 recorded with ``meta["trainable"] = False`` and gives no training items. An
@@ -25,7 +26,7 @@ from ludic.agents.agent import Agent, AgentTurn
 from ludic.envs.base import LudicEnv
 from ludic.errors import episode_failure, stage
 from ludic.interaction.base import (InteractionProtocol, env_step, error_step, failed_request_step, mark_truncated,
-                                    no_turn_step, parse_error_step)
+                                    no_turn_step, no_turn_steps_at_reset, parse_error_step)
 from ludic.types import JSON, Rollout, Step, StepOutcome
 
 
@@ -99,6 +100,9 @@ class MultiAgentProtocol(InteractionProtocol):
         with stage("env.reset"):
             first = env.reset(seed=env_seed)
         obs.update({a: first[a][0] for a in self.agents})
+        for a, step in no_turn_steps_at_reset(env, obs).items():  # over before its first turn, in reset
+            steps[a].append(step)
+            done[a] = True
         unseen: dict[str, bool] = {a: True for a in self.agents}
         for agent in self.agents.values():
             agent.reset(env.suggested_sysprompt)

@@ -6,7 +6,7 @@ from ludic.agents.agent import Agent, AgentTurn
 from ludic.envs.base import LudicEnv
 from ludic.errors import episode_failure, stage
 from ludic.interaction.base import (InteractionProtocol, env_step, error_step, failed_request_step, mark_truncated,
-                                    parse_error_step, tool_step)
+                                    no_turn_steps_at_reset, parse_error_step, tool_step)
 from ludic.types import JSON, Rollout, Step
 
 
@@ -39,6 +39,7 @@ class SingleAgentProtocol(InteractionProtocol):
         try:
             with stage("env.reset"):
                 obs, meta["reset_info"] = env.reset(seed=env_seed)[aid]
+            steps += no_turn_steps_at_reset(env, {aid: obs}).values()  # the game ended before its first turn
             self.agent.reset(env.suggested_sysprompt)
             self.agent.observe(obs)
             for i in range(max_steps):

@@ -263,7 +263,7 @@ class Actor:
         engine: the in-process engine the source's agents sample from (``swap_weights``).
         model: the engine's model (weights are loaded into it).
         max_unread: backpressure bound (entries waiting for the learner).
-        actor_id: names this actor in item meta and its log.
+        actor_id: names this actor in item meta and its log (default: ``streams.new_actor_id()``).
         log_path: JSONL, one line per push: the stream ids and rollout ids (for audits).
     """
 
@@ -272,7 +272,7 @@ class Actor:
         self.streams, self.source, self.engine = streams, source, engine
         self.writer = SampleWriter(streams, max_unread=max_unread)
         self.follower = WeightFollower(streams, engine, model)
-        self.actor_id = actor_id or f"actor-{os.getpid()}"
+        self.actor_id = actor_id or streams.new_actor_id()
         self.log_path = Path(log_path) if log_path else None
         self.pushed = 0
         self.status = ActorStatus(streams, self.actor_id)

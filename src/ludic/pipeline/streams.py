@@ -69,6 +69,12 @@ class PipelineStreams:
         self.samples = f"{prefix}:samples"
         self.weights = f"{prefix}:weights"
 
+    def new_actor_id(self) -> str:
+        """A name no other actor of this run has taken: ``actor-<n>``, with ``n`` counted in Redis
+        (``<prefix>:actor_count``) as actors start, so actors on any host or in any container (where
+        process ids repeat) get distinct names, and from them distinct seeds (``recipes.pipeline.actor_seed``)."""
+        return f"actor-{int(self.redis.incr(f'{self.prefix}:actor_count'))}"
+
     def ensure_group(self) -> None:
         """Create the stream and the learner's group (from the stream's start) if missing."""
         import redis

@@ -13,15 +13,17 @@ Nothing in an entry can run code when read (JSON and fixed-width numbers only), 
 entry raises ``MalformedEntry`` naming the field, so a learner can skip and count it. Broken means
 meaning as well as shape: a non-finite float, a positive log-prob, a token id outside [0, vocab),
 an empty prompt or completion, a mask value other than 0 / 1 or a mask that trains nothing, a
-sampling setting out of range. The learner reads an unacknowledged entry first after every
-restart, so one that decoded but could not train would crash it again on every resume.
+sampling setting out of range, a meta field of the wrong type or range (``META_FIELDS``: those the
+learner reads, e.g. ``filtered_tokens_per_token``, and those ``build_saw_items`` and the actor write;
+other meta keys, a user's own, pass as the JSON they are). The learner reads an unacknowledged entry
+first after every restart, so one that decoded but could not train would crash it again on every resume.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -38,6 +40,37 @@ _ARRAYS: dict[str, str] = {  # field -> little-endian numpy dtype
     "token_weights": "<f4",
 }
 _SCALARS = ("weight", "episode_share", "temperature", "top_p", "top_k")
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+META_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    # read by the learner (PipelineBatchSource's batch meta, the value loss)
+    "filtered_tokens_per_token": ("a finite number >= 0", lambda x: _finite(x) and x >= 0),
+    "zero_var_group_share": ("a finite number in [0, 1]", lambda x: _finite(x) and 0 <= x <= 1),
+    "total_reward": ("a finite number", _finite),
+    "value_old": ("a finite number", _finite),
+    "value_target": ("a finite number", _finite),
+    # written by build_saw_items and the actor
+    "reward": ("a finite number", _finite),
+    "parse_error": ("true or false", lambda x: isinstance(x, bool)),
+    "truncated": ("true or false", lambda x: isinstance(x, bool)),
+    "terminated": ("true or false", lambda x: isinstance(x, bool)),
+    "step_index": ("an integer >= 0", _count),
+    "turns": ("an integer >= 1", lambda x: _count(x) and x >= 1),
+    "rollout_id": ("a string", lambda x: isinstance(x, str)),
+    "finish_reason": ("a string", lambda x: isinstance(x, str)),
+    "actor": ("a string", lambda x: isinstance(x, str)),
+    "group_id": ("a string or null", lambda x: x is None or isinstance(x, str)),
+    "agent_id": ("a string or null", lambda x: x is None or isinstance(x, str)),
+}
+"""Meta field -> (what it must be, its check), for the fields an entry may carry; each present one is checked."""
 
 
 class MalformedEntry(ValueError):
@@ -111,11 +144,11 @@ def decode_item(fields: Mapping[bytes | str, bytes | str], vocab_size: int | Non
     meta = head.get("meta") or {}
     if not isinstance(meta, dict):
         raise MalformedEntry(f"head field 'meta' is not an object: {type(meta).__name__}")
+    for k, (what, ok) in META_FIELDS.items():
+        if k in meta and not ok(meta[k]):
+            raise MalformedEntry(f"meta field {k!r} must be {what}, got {meta[k]!r}")
     try:
         return SAWItem(**kw, **scalars, meta=meta)
     except (TypeError, ValueError) as e:
         raise MalformedEntry(f"not a valid SAWItem: {type(e).__name__}: {e}") from None
 
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -252,7 +252,9 @@ class PipelineBlock:
     max_unread: int = 64
     """Actors wait while this many items wait for the learner (backpressure; streams are never trimmed)."""
     actor_id: str = ""
-    """ludic actor: this actor's name in item meta and logs (default: actor-<pid>)."""
+    """ludic actor: this actor's name in item meta and logs (default: actor-<n>, numbered in Redis as actors
+    start). Its env and sampling seeds derive from --seed and this name (recipes.pipeline.actor_seed): actors
+    started alike draw different ones; the same --actor-id and --seed draw the same again."""
     actor_batches: int = 0
     """ludic actor: batches to push before exiting (0: until stopped)."""
     batch_timeout_s: float = 0.0

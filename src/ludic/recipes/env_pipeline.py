@@ -3,13 +3,13 @@ spec and GRPO flags as ``ludic train env``, plus the pipeline's (``--redis-url``
 
     redis-server --port 6379 &
     ludic learner env --env reasoning_gym:chain_sum --redis-url redis://127.0.0.1:6379/0 --run-dir runs/l
-    ludic actor env   --env reasoning_gym:chain_sum --redis-url redis://127.0.0.1:6379/0 --run-dir runs/a1 --seed 1
-    ludic actor env   --env reasoning_gym:chain_sum --redis-url redis://127.0.0.1:6379/0 --run-dir runs/a2 --seed 2
+    ludic actor env   --env reasoning_gym:chain_sum --redis-url redis://127.0.0.1:6379/0 --run-dir runs/a1
+    ludic actor env   --env reasoning_gym:chain_sum --redis-url redis://127.0.0.1:6379/0 --run-dir runs/a2
 
-Each actor samples in process and loads each new policy version the learner announces; give each actor
-its own ``--seed`` so that they draw different training seeds of the env. The learner trains
-``prompts_per_step x group_size`` episodes a step, checkpoints, resumes, and is the only process that
-writes weights. Held-out evaluation and the format cold start belong to ``ludic train env``: run it with
+Each actor samples in process and loads each new policy version the learner announces; each draws its
+own training seeds of the env (derived from ``--seed`` and its actor id: ``recipes.pipeline.actor_seed``).
+The learner trains ``prompts_per_step x group_size`` episodes a step, checkpoints, resumes, and is the only
+process that writes weights. Held-out evaluation and the format cold start belong to ``ludic train env``: run it with
 ``--train-steps 0`` (or a short ``--format-demos`` run) and pass its adapter to the pipeline.
 """
 

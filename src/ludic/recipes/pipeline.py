@@ -9,6 +9,11 @@ env or game, GRPO settings) and the same ``--redis-url`` and ``--stream-prefix``
     ludic learner env --env reasoning_gym:chain_sum --redis-url redis://10.0.0.1:6379/0 --run-dir runs/l
     ludic actor env   --env reasoning_gym:chain_sum --redis-url redis://10.0.0.1:6379/0 --run-dir runs/a1
 
+Each actor draws its own env and sampling seeds: its seed is derived from ``--seed`` and its actor id
+(``actor_seed``; the id defaults to ``actor-<n>``, numbered in Redis as actors start), so actors started
+alike never push the same episodes. Give ``--actor-id`` (and ``--seed``) for an actor whose draws repeat
+when it is started again.
+
 Actors sample in process (``--inference transformers``: weights come through Redis) or, where the recipe
 has an inference block, from a vLLM server (``--inference vllm --port P``: the learner pushes each version
 to the server, and tokens carry the server's version).
@@ -17,8 +22,8 @@ to the server, and tokens carry the server's version).
 from __future__ import annotations
 
 import asyncio
-import os
-from dataclasses import asdict, dataclass
+import hashlib
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -56,6 +61,13 @@ def streams_of(cfg: Any) -> Any:
     return PipelineStreams(cfg.redis_url, prefix=cfg.stream_prefix)
 
 
+def actor_seed(seed: int, actor_id: str) -> int:
+    """The seed of actor ``actor_id`` in a run started with ``--seed seed`` (its training seeds and its GRPO
+    request strategy): 31 bits of SHA-256 of both, the same on every host and Python, different per actor."""
+    digest = hashlib.sha256(f"{int(seed)}:{actor_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
 def run_actor(cfg: Any, parts: PipelineParts) -> int:
     """Roll out and push until ``cfg.actor_batches`` batches are pushed (or forever); returns the items pushed."""
     return asyncio.run(actor_loop(cfg, parts))
@@ -76,9 +88,12 @@ async def actor_loop(cfg: Any, parts: PipelineParts) -> int:
     else:
         model, tok = parts.load(cfg)
         engine = TransformersEngine(model, tok)
-    source = parts.source(cfg, engine, model, tok, run_dir)
-    actor_id = cfg.actor_id or f"actor-{os.getpid()}"
-    actor = Actor(streams_of(cfg), source, engine, model=model, max_unread=cfg.max_unread, actor_id=actor_id,
+    streams = streams_of(cfg)
+    actor_id = cfg.actor_id or streams.new_actor_id()
+    seed = actor_seed(cfg.seed, actor_id)  # not --seed itself: actors started alike must not play the same episodes
+    print(f"[actor {actor_id}] seed {seed} (from --seed {cfg.seed} and the actor id)", flush=True)
+    source = parts.source(replace(cfg, seed=seed), engine, model, tok, run_dir)
+    actor = Actor(streams, source, engine, model=model, max_unread=cfg.max_unread, actor_id=actor_id,
                   log_path=run_dir / f"actor-{actor_id}.jsonl")
     pushed = await actor.run(cfg.actor_batches or None)
     print(f"[actor {actor_id}] pushed {pushed} items", flush=True)
