@@ -13,7 +13,13 @@ publisher (``bench_vllm.engine_push``): a LoRA r16 adapter (save + load as a new
 and full weights (merge + write safetensors + reload). The HTTP server's push routes are
 measured by ``benchmarks/bench_vllm.py``.
 
-    python -m benchmarks.bench_push [--repeats 5] [--dtype auto] [--quick] [--no-vllm]
+With ``--nccl`` (two CUDA GPUs and vLLM's GPU build): full weights into a Ludic vLLM server over NCCL
+(``VLLMFullWeightsPublisher(transport="nccl")``), the server on the second GPU and this process, NCCL
+rank 0, on the first. NCCL refuses two ranks of one group on one device, so one GPU cannot run it.
+
+    python -m benchmarks.bench_push [--repeats 5] [--dtype auto] [--quick] [--no-vllm] [--model M] [--nccl]
+
+``--model``: a folder, or ``random:<shape>`` (``bench_grpo_vs_trl.SHAPES``); default the packaged model.
 """
 
 from __future__ import annotations
@@ -87,13 +93,58 @@ def vllm_push(model_dir: str, dtype: str) -> dict[str, Any]:
     return {"startup_s": startup, **out}
 
 
-def run(dtype: str = "auto", *, quick: bool = False, repeats: int | None = None, use_vllm: bool = True) -> dict[str, Any]:
-    """Part (d) of the runner."""
+def nccl_push(model_dir: str, dtype: str, repeats: int) -> dict[str, Any]:
+    """Full weights over NCCL into a Ludic vLLM server started here on the second GPU (this process
+    sends from the first): the server's start-up, then the median of ``repeats`` pushes (versions
+    1..repeats, each after a change of the weights), checked against the server's policy version."""
+    import httpx
+    import torch
+
+    from ludic.inference.models import load_model
+    from ludic.inference.vllm_launcher import VLLMServerProcess
+    from ludic.inference.vllm_publish import VLLMFullWeightsPublisher
+
+    if torch.cuda.device_count() < 2:
+        raise SystemExit(f"the NCCL push needs 2 CUDA GPUs (this machine has {torch.cuda.device_count()}): "
+                         "NCCL refuses two ranks of one group on one device")
+    server = VLLMServerProcess(model_dir, dtype=dtype, extra_args=["--gpu-memory-utilization", "0.5"])
+    server.env["CUDA_VISIBLE_DEVICES"] = "1"
+    t0 = time.perf_counter()
+    server.start()
+    startup = time.perf_counter() - t0
+    try:
+        model = load_model(model_dir, dtype=dtype, device="cuda:0")
+        pub = VLLMFullWeightsPublisher([server.url], transport="nccl", dtype=getattr(torch, dtype))
+        runs = []
+        for v in range(1, repeats + 1):
+            with torch.no_grad():  # a new policy each time
+                for p in model.parameters():
+                    p.add_(1e-3)
+            r = pub.publish(model, v)
+            if r["errors"]:
+                raise RuntimeError(f"NCCL push {v} failed: {r['errors']}")
+            runs.append(r)
+        version = httpx.get(server.url + "/ludic/policy", timeout=30).json().get("version")
+        if version != repeats:
+            raise RuntimeError(f"the server reports policy version {version} after pushing 1..{repeats}")
+    finally:
+        server.stop()
+    return {"startup_s": startup, "total_s": med([r["total_s"] for r in runs]),
+            "merge_s": med([r["extract_s"] for r in runs]),
+            "nccl_s": med([r["servers"][server.url]["nccl_s"] for r in runs]), "mb": runs[0]["bytes"] / 1e6,
+            "repeats": repeats}
+
+
+def run(dtype: str = "auto", *, quick: bool = False, repeats: int | None = None, use_vllm: bool = True,
+        model: str | None = None, nccl: bool = False) -> dict[str, Any]:
+    """Part (d) of the runner. ``model``: see ``bench_grpo_vs_trl.model_dir_for``; ``nccl``: also the
+    NCCL push (``nccl_push``: two GPUs)."""
+    from benchmarks.bench_grpo_vs_trl import model_dir_for
     from benchmarks.bench_rollout import vllm_available
 
-    from ludic.inference.models import resolve_dtype, resolve_model
+    from ludic.inference.models import resolve_dtype
 
-    dtype, model_dir = resolve_dtype(dtype), resolve_model(None)
+    dtype, model_dir = resolve_dtype(dtype), model_dir_for(model)
     repeats = repeats or (2 if quick else 5)
     tp = transformers_push(model_dir, dtype, repeats)
     print(f"[push] TransformersEngine in-process, {dtype}, median of {repeats}: adapter (shared model) "
@@ -122,6 +173,14 @@ def run(dtype: str = "auto", *, quick: bool = False, repeats: int | None = None,
     else:
         out["vllm_skipped"] = why
         print(f"[push] vLLM push skipped: {why}", flush=True)
+    if nccl and why is None:
+        np_ = nccl_push(model_dir, dtype, repeats)
+        out["nccl"] = np_
+        print(f"[push] NCCL into a vLLM server (startup {np_['startup_s']:.0f} s), {np_['mb']:.0f} MB, median of "
+              f"{repeats}: total {np_['total_s'] * 1e3:.1f} ms (merge {np_['merge_s'] * 1e3:.1f} ms, "
+              f"NCCL {np_['nccl_s'] * 1e3:.1f} ms)", flush=True)
+        rows.append(row("d", "push full weights to a vLLM server over NCCL", np_["total_s"] * 1e3, None, None,
+                        unit="ms"))
     out["rows"] = rows
     return out
 
@@ -132,8 +191,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--no-vllm", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--model", default=None, help="a model folder, or random:<shape>; default: the packaged model")
+    ap.add_argument("--nccl", action="store_true", help="also push full weights over NCCL (two GPUs, vLLM)")
     args = ap.parse_args()
-    out = run(args.dtype, quick=args.quick, repeats=args.repeats, use_vllm=not args.no_vllm)
+    out = run(args.dtype, quick=args.quick, repeats=args.repeats, use_vllm=not args.no_vllm, model=args.model,
+              nccl=args.nccl)
     print(format_table(out["rows"]))
 
 
