@@ -1,0 +1,124 @@
+"""Held out means instances, not seeds (issue 38): every env names what one instance is, ``ludic train env``
+builds its test and validation sets of distinct instances disjoint by content and never trains on them where
+the instance space allows, reports how many test instances the run trained on and the space's size, and says
+"trained instances" where the space is too small; rewards cannot be gamed by hedging."""
+
+import json
+
+import pytest
+from conftest import require
+
+import ludic
+from ludic.eval.instances import estimate_space, instance_of
+
+TINY = dict(group_size=2, prompts_per_step=2, logger="none", dtype="float32", max_completion_tokens=6,
+            max_no_signal_steps=0)
+
+
+def _rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _instances(path):
+    return {r["meta"]["reset_info"]["instance"] for r in _rows(path)}
+
+
+def test_the_space_estimate_counts_distinct_instances():
+    """Chao1 over probed keys: exact once every key was seen twice, an estimate above the distinct count while
+    singletons remain."""
+    exact = estimate_space([k % 10 for k in range(200)])
+    assert exact == {"probed": 200, "distinct": 10, "estimate": 10, "exact": True}
+    rich = estimate_space(list(range(150)) + list(range(50)))
+    assert rich["distinct"] == 150 and rich["estimate"] > 150 and not rich["exact"]
+
+
+def test_adapters_name_their_instances():
+    """A reasoning-gym instance is its question; a TextArena or GEM one is the game's hidden state (the secret,
+    the deal): their first observations are the same for every secret."""
+    require("reasoning_gym")
+    require("textarena")
+    from ludic.envs.registry import make_env
+    from ludic.types import EnvSpec
+
+    rg = make_env(EnvSpec("reasoning_gym:products", {"config": {"min_digits": 1, "max_digits": 1}}))
+    obs, info = rg.reset(3)["agent_0"]
+    assert info["instance"] in obs and instance_of(rg.reset(3)) == info["instance"]
+    guess = make_env(EnvSpec("textarena:GuessTheNumber-v0"))
+    secrets = {instance_of(guess.reset(s)) for s in range(60)}
+    firsts = {guess.reset(s)["player_0"][0] for s in range(60)}
+    assert len(firsts) == 1 and len(secrets) == 20  # TextArena's 20 secrets, one first observation
+    kuhn = make_env(EnvSpec("textarena:KuhnPoker-v0", {"max_rounds": 1}))
+    assert len({instance_of(kuhn.reset(s)) for s in range(200)}) == 12  # 6 deals x who opens
+
+
+@pytest.mark.slow
+def test_a_tiny_instance_space_is_labelled_trained_instances(tiny_model_dir, tmp_path):
+    """Was: products with one-digit factors (100 distinct questions) reported its 64 test episodes as held out,
+    though every one was a training question. Now the run measures the space and says so, loudly."""
+    require("reasoning_gym")
+    run = tmp_path / "run"
+    out = ludic.train("reasoning_gym:products", model=str(tiny_model_dir), run_dir=str(run), train_steps=1,
+                      env_kwargs={"config": {"min_digits": 1, "max_digits": 1}}, eval_episodes=64, val_episodes=32,
+                      **TINY)
+    inst = out.results["instances"]
+    assert inst["space"]["estimate"] == 100 and inst["space"]["exact"]
+    assert not inst["held_out"] and inst["label"] == "trained instances" and "too small" in inst["note"]
+    assert inst["test_distinct"] == len(_instances(run / "eval_trained.jsonl")) == 64
+    assert json.loads((run / "summary.json").read_text())["instances"] == inst
+
+
+@pytest.mark.slow
+def test_validation_and_test_are_disjoint_by_content_and_never_trained_on(tiny_model_dir, tmp_path):
+    """Was: the validation seeds and the test seeds of reasoning-gym met once the eval split wrapped
+    (``train_size + seed % eval_size``; eval_size 50: the same entries), so keep-best chose on the test. Now
+    both sets are distinct instances, disjoint by content, and the training draw skips them."""
+    require("reasoning_gym")
+    run = tmp_path / "run"
+    out = ludic.train("reasoning_gym:chain_sum", model=str(tiny_model_dir), run_dir=str(run), train_steps=3,
+                      env_kwargs={"eval_size": 50}, eval_episodes=12, val_episodes=6, eval_every=1, **TINY)
+    test, val = _instances(run / "eval_trained.jsonl"), _instances(run / "eval_val.jsonl")
+    trained = _instances(run / "rollouts.jsonl")
+    assert len(test) == 12 and len(val) == 6 and not test & val and not trained & (test | val)
+    inst = out.results["instances"]
+    assert inst["held_out"] and inst["label"] == "held out" and inst["test_trained"] == 0
+    assert inst["train_distinct"] == len(trained) == 6 and inst["test_distinct"] == 12 and inst["val_distinct"] == 6
+
+
+def test_a_hedged_reasoning_gym_answer_earns_no_more_than_a_wrong_one():
+    """Was: reasoning-gym's ``score_answer`` paid ``len(oracle) / len(answer)`` when the right answer sat inside a
+    longer one, so ``<answer>12 14 16</answer>`` earned reward where one wrong number earned 0, and GRPO
+    reinforced hedging. Now the reward is success (1/0) unless partial credit is asked for, and several
+    candidate answers (in one tag or several) earn what a wrong answer earns."""
+    require("reasoning_gym")
+    from ludic.envs.reasoning_gym_env import ReasoningGymEnv
+
+    env = ReasoningGymEnv("products", config={"min_digits": 1, "max_digits": 1})
+    env.reset(5)
+    right = str(env.entry["answer"])
+    wrong = str(int(right) + 1)
+
+    def reward(reply):
+        env.reset(5)
+        return env.step({"agent_0": reply})["agent_0"]
+
+    assert reward(f"<answer>{right}</answer>").reward == 1.0
+    assert reward(f"<answer>{wrong}</answer>").reward == 0.0
+    for hedge in (f"<answer>{wrong} {right} {wrong}0</answer>", f"<answer>{wrong}</answer> <answer>{right}</answer>"):
+        out = reward(hedge)
+        assert out.reward == 0.0 and out.info["hedged"], hedge
+    partial = ReasoningGymEnv("products", config={"min_digits": 1, "max_digits": 1}, partial_credit=True)
+    partial.reset(5)
+    assert 0.0 < partial.step({"agent_0": f"<answer>{wrong} {right}</answer>"})["agent_0"].reward < 1.0
+
+
+def test_a_hedged_qa_answer_is_wrong():
+    """The QA graders take one answer: several numbers where the reference is one number are wrong."""
+    from ludic.envs.qa import QAEnv
+
+    for grader in ("numeric", "math", "exact"):
+        env = QAEnv("What is 6 * 7?", "42", grader=grader)
+        env.reset()
+        assert env.step({"agent_0": "42"})["agent_0"].reward == 1.0
+        env.reset()
+        out = env.step({"agent_0": "41, 42, 43"})["agent_0"]
+        assert out.reward == 0.0 and out.info["hedged"], grader
