@@ -37,6 +37,7 @@ def test_adapters_name_their_instances():
     the deal): their first observations are the same for every secret."""
     require("reasoning_gym")
     require("textarena")
+    require("gem")
     from ludic.envs.registry import make_env
     from ludic.types import EnvSpec
 
@@ -47,8 +48,10 @@ def test_adapters_name_their_instances():
     secrets = {instance_of(guess.reset(s)) for s in range(60)}
     firsts = {guess.reset(s)["player_0"][0] for s in range(60)}
     assert len(firsts) == 1 and len(secrets) == 20  # TextArena's 20 secrets, one first observation
+    gem_guess = make_env(EnvSpec("gem:game:GuessTheNumber-v0-easy"))
+    assert len({instance_of(gem_guess.reset(s)) for s in range(300)}) == 10  # GEM's 10 (its prompts vary)
     kuhn = make_env(EnvSpec("textarena:KuhnPoker-v0", {"max_rounds": 1}))
-    assert len({instance_of(kuhn.reset(s)) for s in range(200)}) == 12  # 6 deals x who opens
+    assert len({instance_of(kuhn.reset(s)) for s in range(200)}) == 6  # one round: 6 deals
 
 
 @pytest.mark.slow
@@ -88,7 +91,7 @@ def test_a_hedged_reasoning_gym_answer_earns_no_more_than_a_wrong_one():
     """Was: reasoning-gym's ``score_answer`` paid ``len(oracle) / len(answer)`` when the right answer sat inside a
     longer one, so ``<answer>12 14 16</answer>`` earned reward where one wrong number earned 0, and GRPO
     reinforced hedging. Now the reward is success (1/0) unless partial credit is asked for, and several
-    candidate answers (in one tag or several) earn what a wrong answer earns."""
+    candidate answers (in one tag or several) earn what a wrong answer earns, partial credit or not."""
     require("reasoning_gym")
     from ludic.envs.reasoning_gym_env import ReasoningGymEnv
 
@@ -107,8 +110,9 @@ def test_a_hedged_reasoning_gym_answer_earns_no_more_than_a_wrong_one():
         out = reward(hedge)
         assert out.reward == 0.0 and out.info["hedged"], hedge
     partial = ReasoningGymEnv("products", config={"min_digits": 1, "max_digits": 1}, partial_credit=True)
-    partial.reset(5)
-    assert 0.0 < partial.step({"agent_0": f"<answer>{wrong} {right}</answer>"})["agent_0"].reward < 1.0
+    for reply, paid in ((f"<answer>{right}</answer>", 1.0), (f"<answer>{wrong} {right}</answer>", 0.0)):
+        partial.reset(5)
+        assert partial.step({"agent_0": reply})["agent_0"].reward == paid
 
 
 def test_a_hedged_qa_answer_is_wrong():

@@ -186,3 +186,16 @@ def boxed_parser(raw: str, *, success_reward: float = 0.0, error_reward: float =
     if not ans:
         return ParseResult(None, error_reward, "Invalid answer: put the final answer in \\boxed{...}.")
     return ParseResult(ans, success_reward, None)
+
+
+_ONE_NUMBER = re.compile(r"[-+]?\d+\s*/\s*\d+|[-+]?\d+(?:,\d{3})*(?:\.\d+)?|[-+]?\.\d+")
+"""A number in an answer: a fraction ``3/4``, ``1,000``, ``-2.5``, ``.5``."""
+
+
+def hedged(answer: str, reference: str) -> bool:
+    """Whether ``answer`` offers several candidates where ``reference`` is one number (``12 14 16`` for ``14``):
+    graded as wrong, so a policy cannot earn reward by listing guesses (reasoning-gym's partial credit paid
+    ``len(oracle) / len(answer)`` for it, and GRPO reinforced hedging)."""
+    if len(_ONE_NUMBER.findall(reference)) != 1 or not _ONE_NUMBER.fullmatch(reference.strip().rstrip(".")):
+        return False
+    return len(_ONE_NUMBER.findall(answer)) > 1

@@ -183,7 +183,7 @@ def headline_html(run_dir: Path) -> str:
         if isinstance(head, dict) and head.get("stages"):
             metric, stages = str(head.get("metric", "score")), head["stages"]
             rows = {st: (v.get("value"), v.get("low"), v.get("high"), v.get("n")) for st, v in stages.items()}
-            return _headline_table(metric, rows, data.get("kept"))
+            return _headline_table(metric, rows, data.get("kept"), data.get("instances"), data.get("stopped"))
         split = _stage_columns(data)
         if split is None:
             continue
@@ -198,7 +198,7 @@ def headline_html(run_dir: Path) -> str:
     return ""
 
 
-def _headline_table(metric: str, rows: dict[str, tuple], kept: Any) -> str:
+def _headline_table(metric: str, rows: dict[str, tuple], kept: Any, instances: Any = None, stopped: Any = None) -> str:
     def pct(x: Any) -> str:
         return f"{x * 100:.1f}%" if isinstance(x, (int, float)) and 0 <= x <= 1 else _fmt(x) if x is not None else ""
 
@@ -212,8 +212,19 @@ def _headline_table(metric: str, rows: dict[str, tuple], kept: Any) -> str:
               "this same evaluation (the last step's scores are in the results below)")
         note = (f"<p>Kept weights: step {html.escape(str(kept.get('step')))} of {html.escape(str(kept.get('last_step')))}, "
                 f"chosen by {html.escape(str(kept.get('metric')))}: {html.escape(on)}.</p>")
-    return (f"<h2>Headline: {html.escape(metric)}</h2><table class='res'><tr><th>stage</th><th>{html.escape(metric)}"
-            f"</th><th>95% interval</th><th>episodes</th></tr>{body}</table>{note}")
+    on = ""
+    if isinstance(instances, dict):  # held out means instances (eval.instances): say which these are
+        label = str(instances.get("label", ""))
+        on = f" on {label}" if label else ""
+        warn = " class='warn'" if label != "held out" else ""
+        note = (f"<p{warn}><b>{html.escape(label.capitalize())}</b>: {html.escape(str(instances.get('note', '')))}; "
+                f"{instances.get('test_trained')} of the {instances.get('test_distinct')} test instances trained on."
+                f"</p>") + note
+    if isinstance(stopped, dict):
+        note += (f"<p>Training stopped at step {html.escape(str(stopped.get('step')))} "
+                 f"({html.escape(str(stopped.get('reason')))}): {html.escape(str(stopped.get('message')))}</p>")
+    return (f"<h2>Headline: {html.escape(metric)}{html.escape(on)}</h2><table class='res'><tr><th>stage</th><th>"
+            f"{html.escape(metric)}</th><th>95% interval</th><th>episodes</th></tr>{body}</table>{note}")
 
 
 _THINK = re.compile(r"^\s*(<think>.*?</think>)(.*)$", re.DOTALL | re.IGNORECASE)
@@ -289,6 +300,7 @@ def trajectories(run_dir: Path, tok: Any = None) -> str:
 
 
 CSS = """
+.warn{background:#fff3cd;border:1px solid #e0b400;padding:6px}
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
 h1{font-size:20px}h2{font-size:17px;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:28px}
 .plots{display:flex;flex-wrap:wrap;gap:10px}.plot{background:#fafafa;border:1px solid #e3e3e3}

@@ -36,9 +36,16 @@ class GymTextEnv(SingleAgentEnv):
         success_reward: a final reward at or above this counts as success (when the env's info has
             no ``success`` of its own).
         max_turns: the protocol's turn limit for requests that set none.
+        instance: what names an instance (``eval.instances``): ``"both"`` the first observation and the env's
+            plain attributes after reset (a secret the text does not show), ``"state"`` the attributes only (GEM's
+            games: their prompts show a random example guess), ``"obs"`` the observation only.
     """
 
-    def __init__(self, env: Any | Callable[[], Any], *, success_reward: float = 1.0, max_turns: int = 64) -> None:
+    def __init__(self, env: Any | Callable[[], Any], *, success_reward: float = 1.0, max_turns: int = 64,
+                 instance: str = "both") -> None:
+        if instance not in ("both", "state", "obs"):
+            raise ValueError(f"instance must be 'both', 'state' or 'obs', got {instance!r}")
+        self.instance = instance
         super().__init__()
         self.env = env() if isinstance(env, type) or (callable(env) and not hasattr(env, "step")) else env
         for need in ("reset", "step"):
@@ -52,7 +59,11 @@ class GymTextEnv(SingleAgentEnv):
         if not isinstance(obs, str):
             raise TypeError(f"{type(self.env).__name__}.reset() gave a {type(obs).__name__} observation; "
                             "GymTextEnv needs text")
-        return obs, _plain(info)
+        from ludic.eval.instances import state_key
+
+        hidden = state_key(vars(getattr(self.env, "unwrapped", self.env)))  # a secret the text does not show
+        key = {"both": f"{obs}\n{hidden}", "state": hidden, "obs": obs}[self.instance]
+        return obs, {**_plain(info), "instance": key}
 
     def env_step(self, action: str) -> StepOutcome:
         got = self.env.step(action)
@@ -73,7 +84,7 @@ def make_gem(env_id: str, **kwargs: Any) -> GymTextEnv:
         import gem
     except ImportError as e:
         raise ImportError("gem: specs need GEM: pip install gem-llm") from e
-    return GymTextEnv(gem.make(env_id, **kwargs))
+    return GymTextEnv(gem.make(env_id, **kwargs), instance="state" if env_id.startswith("game:") else "both")
 
 
 def make_gymnasium(env_id: str, **kwargs: Any) -> GymTextEnv:

@@ -268,7 +268,8 @@ class OpenSpielEnv(LudicEnv):
         self._pending, self._forfeit, self.history = {}, None, []
         self._advance()
         info = {"game": self.task.game, "task_id": self.task.task_id, "variant": self.task.variant,
-                "seed": self._seed, "num_players": self.num_players}
+                "seed": self._seed, "num_players": self.num_players,  # the instance: the deal and the moves before
+                "instance": f"{self.task.task_id}|{sorted(seats)}|{self.state.history()}"}  # the agents' first turn
         return {a: (self.observe(a), {**info, "seat": self.seat_of[a]}) for a in self._ids}
 
     def _advance(self) -> None:

@@ -34,7 +34,7 @@ from ludic.data.jsonl import DatasetError, read_jsonl
 from ludic.envs.base import SingleAgentEnv
 from ludic.envs.registry import Registry
 from ludic.errors import stage
-from ludic.parsers import ParseResult, Parser, extract_last_boxed
+from ludic.parsers import ParseResult, Parser, extract_last_boxed, hedged
 from ludic.types import JSON, StepOutcome
 
 # ---------------------------------------------------------------------------------------------
@@ -173,12 +173,14 @@ class QAEnv(SingleAgentEnv):
         self.question, self.answer, self.grader, self.template, self.id = question, str(answer), grader, template, id
 
     def env_reset(self, seed: int | None = None) -> tuple[str, JSON]:
-        return self.template.format(question=self.question), {"id": self.id}
+        return self.template.format(question=self.question), {"id": self.id, "instance": self.question}
 
     def env_step(self, action: str) -> StepOutcome:
+        hedge = hedged(action, self.answer)  # several numbers for a one-number reference: wrong, whatever the grader
         with stage("reward"):
-            ok = grade(self.grader, action, self.answer)
-        info = {"id": self.id, "correct": ok, "reference": self.answer, "predicted": action, "grader": self.grader}
+            ok = not hedge and grade(self.grader, action, self.answer)
+        info = {"id": self.id, "correct": ok, "reference": self.answer, "predicted": action, "grader": self.grader,
+                "hedged": hedge}
         return StepOutcome("", float(ok), terminated=True, info=info)
 
 

@@ -1,9 +1,13 @@
 """reasoning-gym datasets as single-turn Ludic envs: ``EnvSpec("reasoning_gym:leg_counting")``.
 
 Any dataset reasoning-gym registers works, by name and config (``config={"min_animals": 2}``). An
-episode is one question; the reply's last ``<answer>...</answer>`` is graded by the dataset's own
-``score_answer`` (a score in [0, 1], partial credit where the dataset gives it), and a reply with no
-answer tag scores ``no_answer_reward``. ``info["success"]`` is 1 for a full score.
+episode is one question; the reply's last ``<answer>...</answer>`` (``answer="auto"``: else, for a numeric
+reference, the reply's last number; ``"tag"``: the tag only) is graded by the dataset's own ``score_answer``.
+The reward is success, 1 for a full score and 0 otherwise; ``partial_credit=True`` pays the dataset's score in
+[0, 1] instead (which pays ``len(oracle) / len(answer)`` for the right answer inside a longer one). A hedged
+reply (several different answer tags, or several numbers for a one-number reference: ``parsers.hedged``)
+earns what a wrong one does, and a reply with no answer scores ``no_answer_reward``. ``info["success"]`` is 1
+for a full score; ``info["instance"]`` is the question (``eval.instances``).
 
 Train and evaluation questions are disjoint by index: the generator is built once with
 ``dataset_seed`` and ``train_size + eval_size`` entries; ``split="train"`` episodes draw entry
@@ -22,6 +26,7 @@ import re
 from typing import Any
 
 from ludic.envs.base import SingleAgentEnv
+from ludic.parsers import hedged
 from ludic.types import JSON, StepOutcome
 
 INSTRUCTION = "Give the final answer inside <answer></answer> tags."
@@ -85,13 +90,15 @@ class ReasoningGymEnv(SingleAgentEnv):
         instruction: appended to the question (how to format the answer).
         answer: ``auto`` (the answer tag, else the last number for numeric answers) or ``tag`` only.
         no_answer_reward: reward of a reply without an answer (its score would be 0 anyway).
+        partial_credit: pay the dataset's score (partial credit) instead of success.
     """
 
     max_turns = 1
 
     def __init__(self, name: str, *, config: dict[str, Any] | None = None, split: str = "train",
                  train_size: int = 100_000, eval_size: int = 1_000, dataset_seed: int = 0,
-                 instruction: str = INSTRUCTION, answer: str = "auto", no_answer_reward: float = 0.0) -> None:
+                 instruction: str = INSTRUCTION, answer: str = "auto", no_answer_reward: float = 0.0,
+                 partial_credit: bool = False) -> None:
         super().__init__()
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
@@ -99,6 +106,7 @@ class ReasoningGymEnv(SingleAgentEnv):
             raise ValueError(f"answer must be 'auto' or 'tag', got {answer!r}")
         self.name, self.split, self.instruction, self.answer_mode = name, split, instruction, answer
         self.train_size, self.eval_size, self.no_answer_reward = int(train_size), int(eval_size), no_answer_reward
+        self.partial_credit = bool(partial_credit)
         self.dataset = _dataset(name, config_key(name, config), int(dataset_seed), self.train_size + self.eval_size)
         self.entry: dict[str, Any] = {}
 
@@ -108,15 +116,18 @@ class ReasoningGymEnv(SingleAgentEnv):
         self.entry = self.dataset[index]
         question = str(self.entry["question"]).strip()
         return (f"{question}\n\n{self.instruction}" if self.instruction else question,
-                {"dataset": self.name, "index": index, "split": self.split})
+                {"dataset": self.name, "index": index, "split": self.split, "instance": question})
 
     def env_step(self, action: str) -> StepOutcome:
-        answer = extract_answer(action, str(self.entry.get("answer", "")), self.answer_mode)
-        if answer is None:
-            score, reward = 0.0, self.no_answer_reward
+        reference = str(self.entry.get("answer", ""))
+        answer = extract_answer(action, reference, self.answer_mode)
+        tags = {t.strip() for t in _ANSWER.findall(action) if t.strip()}
+        hedge = answer is not None and (len(tags) > 1 or hedged(answer, reference))
+        if answer is None or hedge:
+            score, reward = 0.0, (self.no_answer_reward if answer is None else 0.0)
         else:
             score = float(self.dataset.score_answer(answer, self.entry))
-            reward = score
-        info = {"answer": answer, "reference": str(self.entry.get("answer")), "score": score,
-                "success": float(score >= 1.0), "no_answer": answer is None}
+            reward = score if self.partial_credit else float(score >= 1.0)
+        info = {"answer": answer, "reference": reference, "score": score, "success": float(score >= 1.0),
+                "no_answer": answer is None, "hedged": hedge}
         return StepOutcome("Correct." if score >= 1.0 else "Graded.", reward, terminated=True, info=info)

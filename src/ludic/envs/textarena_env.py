@@ -158,10 +158,20 @@ class TextArenaEnv(LudicEnv):
         self.seat_of = dict(zip(self._ids, seats))
         self.env = _make(self.game_id, self.env_kwargs)
         self.env.reset(num_players=self.num_players, seed=seed)
+        instance = self._instance()  # the game's hidden state (the secret, the deal) before anyone moves
         self._done, self._obs, self._seen = False, {}, {}
         self._ended = self._advance()  # an opponent that moves first may end the game before an agent's turn
-        info = {"game": self.game_id, "seed": seed, "num_players": self.num_players}
+        info = {"game": self.game_id, "seed": seed, "num_players": self.num_players, "instance": instance}
         return {a: (self._obs.get(a, ""), {**info, "seat": p}) for a, p in self.seat_of.items()}
+
+    def _instance(self) -> str:
+        """The instance key (``eval.instances``): the game's state at reset, which holds what the first
+        observation does not (GuessTheNumber's secret, Kuhn poker's deal)."""
+        from ludic.eval.instances import state_key
+
+        state = getattr(getattr(self.env, "unwrapped", self.env), "state", None)
+        game_state = getattr(state, "game_state", None)
+        return state_key(game_state) if isinstance(game_state, dict) else ""
 
     def _advance(self) -> dict[str, StepOutcome]:
         """Let the opponent play until an agent must act or the game ends; the outcomes at the end."""

@@ -45,8 +45,9 @@ from ludic.envs.registry import import_attr
 from ludic.errors import UsageError
 from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock, kept_summary, load_policy_for
 from ludic.recipes.common import may_evaluate, train_until_stop
-from ludic.recipes.env_setup import (EVAL_SEED_BASE, VAL_SEED_FIRST, EnvConfig, env_metrics, eval_requests,
-                                     evaluate_episodes, format_summary, probe_env, protocols, register_python_env)
+from ludic.recipes.env_setup import (EVAL_SEED_BASE, INSTANCES_FILE, EnvConfig, env_metrics, eval_requests,
+                                     evaluate_episodes, format_summary, held_out_for, probe_env, protocols,
+                                     register_python_env, trained_overlap, write_instances)
 from ludic.training.config import TrainerConfig
 from ludic.types import EnvSpec, RolloutRequest
 
@@ -127,9 +128,10 @@ def demo_teacher(spec: str | Callable[[str], str], seed: int = 0) -> Callable[[l
     return reply
 
 
-async def format_demo_items(cfg: TrainEnvConfig, env: Any, tok: Any, teacher_spec: Any) -> list[Any]:
+async def format_demo_items(cfg: TrainEnvConfig, env: Any, tok: Any, teacher_spec: Any, held: Any = None) -> list[Any]:
     """SFT items from the teacher playing ``FORMAT_DEMO_EPISODES`` training episodes (every seat) through
-    the same agent, context and chat template as the policy."""
+    the same agent, context and chat template as the policy, none on a held-out instance (``held``; the
+    instances it plays count as trained)."""
     from ludic.inference.client import FunctionClient, SamplingParams
     from ludic.rollouts.engine import RolloutEngine
     from ludic.types import SAWItem
@@ -138,8 +140,9 @@ async def format_demo_items(cfg: TrainEnvConfig, env: Any, tok: Any, teacher_spe
     sampling = SamplingParams(temperature=0.0, max_tokens=cfg.env.max_completion_tokens)
     protos = protocols(teacher, cfg.env, env, sampling)
     key = "single_agent" if "single_agent" in protos else "self"
-    rng, spec = random.Random(cfg.seed + 7), EnvSpec(cfg.env.env, cfg.env.kwargs())
-    reqs = [RolloutRequest(spec, protocol=key, env_seed=rng.randrange(EVAL_SEED_BASE), max_steps=cfg.env.max_turns or None)
+    draw = TrainingSeeds(replace(cfg, seed=cfg.seed + 7), n_seats=1, multi=False, held=held)
+    spec = EnvSpec(cfg.env.env, cfg.env.kwargs())
+    reqs = [RolloutRequest(spec, protocol=key, env_seed=draw._seed(), max_steps=cfg.env.max_turns or None)
             for _ in range(FORMAT_DEMO_EPISODES)]
     rollouts = await RolloutEngine(protos).generate_rollouts(reqs, progress="format demos")
     return [SAWItem(prompt_ids=s.trace.prompt_ids, completion_ids=s.trace.completion_ids, weight=1.0)
@@ -150,37 +153,54 @@ async def format_demo_items(cfg: TrainEnvConfig, env: Any, tok: Any, teacher_spe
 
 
 class TrainingSeeds:
-    """Each step's requests: ``prompts_per_step`` training seeds (below ``EVAL_SEED_BASE``, so disjoint from
-    the held-out ones), and for a frozen opponent the trained seat alternating. Its state goes into the
-    checkpoints (the batch source saves a ``requests_fn``'s ``state_dict``): a resumed run draws the seeds
-    the uninterrupted run would have."""
+    """Each step's requests: ``prompts_per_step`` training seeds (below ``EVAL_SEED_BASE``), none of whose instances
+    is held out (``held.excludes``: the test and validation instances, where the space has room), and for a frozen
+    opponent the trained seat alternating. Every instance drawn is recorded (``held.trained``: how many test
+    instances the run trained on). Its state goes into the checkpoints (the batch source saves a ``requests_fn``'s
+    ``state_dict``): a resumed run draws the seeds the uninterrupted run would have."""
 
-    def __init__(self, cfg: "TrainEnvConfig", *, n_seats: int, multi: bool) -> None:
+    def __init__(self, cfg: "TrainEnvConfig", *, n_seats: int, multi: bool, held: Any = None) -> None:
+        from ludic.recipes.env_setup import instance_key_fn
+
         self.cfg, self.n_seats, self.multi = cfg, n_seats, multi
         self.spec = EnvSpec(cfg.env.env, cfg.env.kwargs())
         self.rng = random.Random(cfg.seed)
         self.drawn = 0
+        self.key_of = instance_key_fn(cfg.env, "train")
+        self.exclude: set[str] = held.excludes if held is not None else set()
+        self.trained: set[str] = held.trained if held is not None else set()
+
+    def _seed(self) -> int:
+        """The next training seed whose instance is not held out (recorded as trained)."""
+        for _ in range(100_000):
+            seed = self.rng.randrange(EVAL_SEED_BASE)
+            key = self.key_of(seed)
+            if key not in self.exclude:
+                self.trained.add(key)
+                return seed
+        raise RuntimeError(f"{self.cfg.env.env}: 100,000 training seeds in a row drew held-out instances")
 
     def __call__(self) -> list[RolloutRequest]:
         cfg, reqs = self.cfg, []
         for _ in range(cfg.prompts_per_step):
             key = ("single_agent" if not self.multi else "self" if cfg.env.opponent == "self"
                    else f"seat{self.drawn % self.n_seats}")
-            reqs.append(RolloutRequest(self.spec, protocol=key,
-                                       env_seed=self.rng.randrange(EVAL_SEED_BASE), max_steps=cfg.env.max_turns or None))
+            reqs.append(RolloutRequest(self.spec, protocol=key, env_seed=self._seed(), max_steps=cfg.env.max_turns or None))
             self.drawn += 1
         return reqs
 
     def state_dict(self) -> dict[str, Any]:
         from ludic.rollouts.engine import rng_state
 
-        return {"rng": rng_state(self.rng), "drawn": self.drawn}
+        return {"rng": rng_state(self.rng), "drawn": self.drawn, "trained": sorted(self.trained)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         from ludic.rollouts.engine import set_rng_state
 
         set_rng_state(self.rng, state["rng"])
         self.drawn = int(state["drawn"])
+        self.trained.clear()
+        self.trained.update(state.get("trained", []))
 
 
 @dataclass
@@ -251,8 +271,12 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     wall: dict[str, float] = {}
     """Seconds per part of this process's run (a resumed run counts from its resume)."""
     start = time.monotonic()
-    held_out = eval_requests(cfg.env, env, cfg.eval_episodes) if cfg.eval_episodes else []
-    validation = eval_requests(cfg.env, env, cfg.val_episodes, first=VAL_SEED_FIRST) if cfg.eval_every else []
+    held = held_out_for(cfg.env, cfg.eval_episodes, cfg.val_episodes if cfg.eval_every else 0, cfg.seed)
+    print(f"[env] instances: {held.note()}", flush=True)
+    if not held.held_out:
+        print(f"[env] WARNING: results on this env are on TRAINED instances, not held out: {held.note()}", flush=True)
+    held_out = eval_requests(cfg.env, env, [seed for seed, _ in held.test])
+    validation = eval_requests(cfg.env, env, [seed for seed, _ in held.val])
 
     async def evaluate(stage: str = "val") -> dict[str, Any]:
         """A test stage on the held-out episodes, or ``val``: the validation ones (``eval_val.jsonl`` holds the
@@ -266,7 +290,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
         return m
 
     algo = algorithm_for(cfg)
-    source = rollout_source(cfg, env, train_protos, run_dir, algo)
+    source = rollout_source(cfg, env, train_protos, run_dir, algo, held)
     logger = make_logger(cfg.logger, run_dir, asdict(cfg), total_steps=cfg.train_steps)
     keep = "success_rate" if cfg.keep_best and validation else ""
     if cfg.keep_best and not validation:  # on by default: --eval-every 0 turns it off, and says so
@@ -285,7 +309,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
                 from ludic.recipes.sft import demo_sft
 
                 with _timed(wall, "format_demos"):
-                    items = await format_demo_items(cfg, env, tok, teacher)
+                    items = await format_demo_items(cfg, env, tok, teacher, held)
                     steps = max(1, cfg.format_demo_steps)
                     print(f"[env] format demos: {len(items)} teacher turns, {steps} SFT steps", flush=True)
                     await demo_sft(model, tok, items, steps=steps, batch=max(1, len(items) // steps),
@@ -296,6 +320,10 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
         with _timed(wall, "train"):  # its in-training evaluations included
             _, failure = await train_until_stop(trainer, cfg.train_steps)
         results["stopped"] = trainer.stopped  # None: it ran every step
+        results["instances"] = held.report()
+        write_instances(run_dir / INSTANCES_FILE, held)
+        print(f"[env] instances: {results['instances']['label']}: {results['instances']['test_trained']} of "
+              f"{results['instances']['test_distinct']} test instances trained on; {held.note()}", flush=True)
         if keep and trainer.best:
             results["kept"], results["last_val"] = kept_summary(trainer.best, len(validation)), trainer.best["last_eval"]
         if held_out and may_evaluate(failure):
@@ -334,13 +362,17 @@ def play_protocols(cfg: TrainEnvConfig, env: Any, engine: Any, model: Any, tok: 
             protocols(engine, cfg.env, env, greedy, frozen, greedy))
 
 
-def rollout_source(cfg: TrainEnvConfig, env: Any, protos: dict[str, Any], run_dir: Path, algo: Any) -> Any:
+def rollout_source(cfg: TrainEnvConfig, env: Any, protos: dict[str, Any], run_dir: Path, algo: Any,
+                   held: Any = None) -> Any:
     """The training rollouts of ``ludic train env`` (and of its pipeline actors): GRPO groups of
-    ``group_size`` episodes on ``prompts_per_step`` training seeds a step, played through ``protos``."""
+    ``group_size`` episodes on ``prompts_per_step`` training seeds a step, played through ``protos``, none of
+    them on a held-out instance (``held``; default: the test set ``ludic eval env`` builds)."""
     from ludic.rollouts.batch import RolloutBatchSource
     from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
 
-    requests_fn = TrainingSeeds(cfg, n_seats=len(env.agent_ids), multi=len(env.agent_ids) > 1)
+    if held is None:
+        held = held_out_for(cfg.env, cfg.eval_episodes, cfg.val_episodes if cfg.eval_every else 0, cfg.seed)
+    requests_fn = TrainingSeeds(cfg, n_seats=len(env.agent_ids), multi=len(env.agent_ids) > 1, held=held)
     return RolloutBatchSource(
         RolloutEngine(protos, concurrency=64, jsonl_path=run_dir / "rollouts.jsonl"), requests_fn,
         algo.credit, strategy=GRPORequestStrategy(cfg.group_size, seed=cfg.seed), sample_filter=algo.sample_filter,
@@ -395,7 +427,11 @@ async def _eval_env(cfg: EvalEnvConfig) -> dict[str, Any]:
         frozen = TransformersEngine(base, tok)
     protos = protocols(engine, cfg.env, env, sampling, frozen, SamplingParams(temperature=0.0,
                                                                                max_tokens=cfg.env.max_completion_tokens))
-    m = await evaluate_episodes(protos, eval_requests(cfg.env, env, cfg.episodes), Path(cfg.out), desc="eval env")
+    held = held_out_for(cfg.env, cfg.episodes, 0, cfg.seed)  # the test set ``ludic train env`` builds
+    m = await evaluate_episodes(protos, eval_requests(cfg.env, env, [seed for seed, _ in held.test]), Path(cfg.out),
+                                desc="eval env")
+    m["instances"] = trained_overlap(held, cfg.adapter)
     print(format_summary(f"{cfg.env.env}", m))
+    print(f"instances: {m['instances']['note']}")
     print(f"episodes written to {cfg.out}")
     return m

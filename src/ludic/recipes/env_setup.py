@@ -18,9 +18,9 @@ from ludic.types import EnvSpec, Rollout, RolloutRequest
 EVAL_SEED_BASE = 1_000_000_000
 """Evaluation episodes use env seeds from here up; training seeds are drawn below it."""
 VAL_SEED_FIRST = 500
-"""Validation episodes (the evaluations during training that ``--keep-best`` chooses on) use the seeds from
-``EVAL_SEED_BASE + VAL_SEED_FIRST`` up: apart from test runs of up to 500 episodes (the test seeds count from
-``EVAL_SEED_BASE``), and on reasoning-gym's 1000-entry eval split other questions than those."""
+"""Test episodes draw their seeds from ``EVAL_SEED_BASE`` up, validation ones (the evaluations during training that
+``--keep-best`` chooses on) from ``EVAL_SEED_BASE + VAL_SEED_FIRST`` up; both sets keep distinct instances only,
+the validation set none of the test set's (``held_out_for``: disjoint by content, not by seed arithmetic)."""
 
 
 @dataclass
@@ -162,16 +162,71 @@ def summarize(rollouts: Sequence[Rollout]) -> dict[str, Any]:
             "turns_mean": statistics.fmean(turns(r) for r in ok) if ok else 0.0}
 
 
-def eval_requests(opts: EnvConfig, env: Any, episodes: int, first: int = 0) -> list[RolloutRequest]:
-    """Held-out episodes: seeds from ``EVAL_SEED_BASE + first`` (0: the test episodes, ``VAL_SEED_FIRST``:
-    the validation ones), the env's eval split; multi-player envs alternate the policy's seat against the
-    frozen one (``seat<k>`` protocols)."""
+def eval_requests(opts: EnvConfig, env: Any, seeds: Sequence[int]) -> list[RolloutRequest]:
+    """Held-out episodes on ``seeds`` (``held_out_for``'s test or validation seeds), the env's eval split;
+    multi-player envs alternate the policy's seat against the frozen one (``seat<k>`` protocols)."""
     n_seats = len(env.agent_ids)
     spec = EnvSpec(opts.env, _eval_kwargs(opts))
     return [RolloutRequest(spec, protocol="single_agent" if n_seats == 1 else f"seat{i % n_seats}",
-                           env_seed=EVAL_SEED_BASE + first + i, sampling_seed=first + i,
-                           max_steps=opts.max_turns or None)
-            for i in range(episodes)]
+                           env_seed=seed, sampling_seed=seed - EVAL_SEED_BASE, max_steps=opts.max_turns or None)
+            for i, seed in enumerate(seeds)]
+
+
+def instance_key_fn(opts: EnvConfig, split: str) -> Callable[[int], str]:
+    """``seed -> instance key`` (``eval.instances.instance_of``) on the env's training (``"train"``) or eval
+    split: one env built once, reset per seed."""
+    from ludic.envs.registry import make_env
+    from ludic.eval.instances import instance_of
+
+    env = make_env(EnvSpec(opts.env, _eval_kwargs(opts) if split == "eval" else opts.kwargs()))
+    return lambda seed: instance_of(env.reset(seed))
+
+
+def held_out_for(opts: EnvConfig, n_test: int, n_val: int, seed: int = 0) -> Any:
+    """The run's held-out sets (``eval.instances.HeldOut``): ``n_test`` test and ``n_val`` validation instances,
+    distinct and disjoint by content, from the eval seeds (test from ``EVAL_SEED_BASE``, validation from
+    ``EVAL_SEED_BASE + VAL_SEED_FIRST``), and the instance space measured on training seeds (drawn with
+    ``seed``): held out from training where it has room. ``ludic eval env`` builds the same test set."""
+    import random
+
+    from ludic.eval.instances import build_held_out
+
+    key_of = instance_key_fn(opts, "eval")
+    return build_held_out(key_of, instance_key_fn(opts, "train"), n_test=n_test, n_val=n_val,
+                          test_seeds=range(EVAL_SEED_BASE, EVAL_SEED_BASE + VAL_SEED_FIRST),
+                          val_seeds=range(EVAL_SEED_BASE + VAL_SEED_FIRST, EVAL_SEED_BASE + 100 * VAL_SEED_FIRST),
+                          rng=random.Random(seed + 9176))
+
+
+INSTANCES_FILE = "instances.json"
+"""A ``train env`` run's instance keys: ``test``, ``val`` and ``trained`` (what ``ludic eval env --adapter`` reads to
+count the test instances the adapter's run trained on)."""
+
+
+def write_instances(path: Path, held: Any) -> None:
+    path.write_text(json.dumps({"test": [k for _, k in held.test], "val": [k for _, k in held.val],
+                                "trained": sorted(held.trained), "space": held.space}))
+
+
+def trained_overlap(held: Any, adapter: str | None) -> dict[str, Any]:
+    """The test set's instance report for a policy: how many of its instances the run that trained ``adapter``
+    drew (from that run's ``instances.json``, found in the adapter's folder or up to three folders above it);
+    unknown without one."""
+    found = None
+    if adapter:
+        here = Path(adapter).resolve()
+        found = next((p / INSTANCES_FILE for p in [here, *here.parents][:4] if (p / INSTANCES_FILE).exists()), None)
+    test = {k for _, k in held.test}
+    out: dict[str, Any] = {"test_distinct": len(test), "space": held.space}
+    if found is None:
+        out.update(test_trained=None, note=f"{len(test)} distinct test instances; "
+                   + ("the base model: none trained on" if not adapter else "the adapter's run recorded no instances"))
+        return out
+    trained = set(json.loads(found.read_text()).get("trained", []))
+    out.update(test_trained=len(test & trained), train_distinct=len(trained),
+               note=f"{len(test)} distinct test instances, {len(test & trained)} of them trained on by the run in "
+                    f"{found.parent}")
+    return out
 
 
 async def evaluate_episodes(protos: dict[str, Callable[[], Any]], reqs: list[RolloutRequest],
