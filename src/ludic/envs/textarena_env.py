@@ -208,12 +208,15 @@ class TextArenaEnv(LudicEnv):
                 raise ValueError(f"TextArena {self.game_id} gave player {player} a non-numeric reward {raw!r} "
                                  "(a bug in the game)") from None
             gi = dict((game_info or {}).get(player, {}))
+            others_invalid = any(bool(dict(v).get("invalid_move")) for p, v in (game_info or {}).items()
+                                 if p != player and isinstance(v, dict))
             if self.num_players == 1:  # a score: 1 solves the game, less is partial credit
                 outcome = "win" if r >= 1.0 else "loss"
             else:
                 outcome = "win" if r > 0 else "loss" if r < 0 else "draw"
             info = {"outcome": outcome, "success": float(outcome == "win"), "reason": str(gi.get("reason", "")),
-                    "invalid_move": bool(gi.get("invalid_move", False)), "turns": int(gi.get("turn_count", 0) or 0)}
+                    "invalid_move": bool(gi.get("invalid_move", False)), "turns": int(gi.get("turn_count", 0) or 0),
+                    "opponent_invalid": others_invalid and outcome == "win"}  # a win by forfeit, not in play
             out[agent] = StepOutcome(f"Game over: {info['reason'] or outcome}.", r, terminated=True, info=info)
         return out
 

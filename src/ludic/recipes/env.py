@@ -46,12 +46,16 @@ from ludic.errors import UsageError
 from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock, kept_summary, load_policy_for
 from ludic.recipes.common import may_evaluate, train_until_stop
 from ludic.recipes.env_setup import (EVAL_SEED_BASE, INSTANCES_FILE, EnvConfig, env_metrics, eval_requests,
-                                     evaluate_episodes, format_summary, held_out_for, probe_env, protocols,
-                                     register_python_env, trained_overlap, write_instances)
+                                     evaluate_episodes, format_summary, held_out_for, opponent_suite, probe_env,
+                                     protocols, register_python_env, trained_overlap, write_instances)
 from ludic.training.config import TrainerConfig
 from ludic.types import EnvSpec, RolloutRequest
 
 FORMAT_DEMO_EPISODES = 32
+PARTIAL_FILE = "summary.partial.json"
+"""The results so far (each test stage as it is measured): a resumed run's summary keeps its earlier stages."""
+LEAGUE_DIR = "league_snapshot"
+"""Two-player envs: the adapter of the policy halfway through training, an evaluation opponent it never faced."""
 
 
 @dataclass
@@ -253,10 +257,12 @@ def train_env(cfg: TrainEnvConfig) -> dict[str, Any]:
 
 async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     from ludic.config import dump_config
+    from ludic.inference.client import SamplingParams
     from ludic.inference.publish import InProcessPublisher
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.training.algorithms import algorithm_for
     from ludic.training.loggers import logger_names, make_logger
+    from ludic.training.reference import frozen_copy
     from ludic.training.trainer import Trainer
 
     logger_names(cfg.logger)
@@ -266,7 +272,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     dump_config(cfg, run_dir / "config.json")
     model, tok = load_policy_for(cfg)
     engine = TransformersEngine(model, tok)
-    train_protos, eval_protos = play_protocols(cfg, env, engine, model, tok)
+    train_protos, eval_protos, frozen = play_protocols(cfg, env, engine, model, tok)
     results: dict[str, Any] = {"env": cfg.env.env, "metric": "success_rate"}
     wall: dict[str, float] = {}
     """Seconds per part of this process's run (a resumed run counts from its resume)."""
@@ -286,8 +292,32 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
             m = await evaluate_episodes(eval_protos, reqs, run_dir / f"eval_{stage}.jsonl", desc=f"eval {stage}")
         if stage != "val":
             results[stage] = m
-            print(format_summary(f"[env] {stage}", m), flush=True)
+            print(format_summary(f"[env] {stage}" + (" vs frozen start" if frozen else ""), m), flush=True)
+            (run_dir / PARTIAL_FILE).write_text(json.dumps(results))  # a resumed run keeps its earlier stages
         return m
+
+    league: list[Any] = []
+    """Two-player envs: the policy's snapshot halfway through training (an opponent it never faced)."""
+
+    async def versus(stage: str, policy: Any, only: str = "") -> None:
+        """A test stage of ``policy`` against every opponent but the frozen start (``opponent_suite``):
+        ``results["opponents"][name][stage]``."""
+        greedy = SamplingParams(temperature=0.0, max_tokens=cfg.env.max_completion_tokens)
+        suite = opponent_suite(cfg.env, env, policy, tok, [seed for seed, _ in held.test], greedy,
+                               league=league[0] if league else None, seed=cfg.seed)
+        for name, (protos, reqs) in suite.items():
+            if only and name != only:
+                continue
+            with _timed(wall, "eval"):
+                m = await evaluate_episodes(protos, reqs, run_dir / f"eval_{stage}_vs_{name}.jsonl",
+                                            desc=f"eval {stage} vs {name}")
+            results.setdefault("opponents", {}).setdefault(name, {})[stage] = m
+            print(format_summary(f"[env] {stage} vs {name}", m), flush=True)
+
+    def snapshot(step: int, metrics: dict[str, Any]) -> None:
+        if frozen is not None and not league and step >= max(1, cfg.train_steps // 2):
+            model.save_pretrained(str(run_dir / LEAGUE_DIR))
+            league.append(TransformersEngine(frozen_copy(model), tok))
 
     algo = algorithm_for(cfg)
     source = rollout_source(cfg, env, train_protos, run_dir, algo, held)
@@ -300,11 +330,15 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
         publisher=InProcessPublisher(engine), logger=logger, checkpoint_dir=run_dir / "checkpoints", tokenizer=tok,
         evaluator=evaluate if validation else None, eval_every=cfg.eval_every, keep_best=keep)
     try:
-        if cfg.resume:
-            trainer.resume()
+        if cfg.resume and trainer.resume():
+            results.update(_resumed_stages(run_dir))
+            if frozen is not None and (run_dir / LEAGUE_DIR).exists():
+                league.append(TransformersEngine(load_policy_for(cfg, adapter=str(run_dir / LEAGUE_DIR), lora=None)[0], tok))
         if trainer.step == 0:
             if held_out:
                 await evaluate("base")
+                if frozen is not None:
+                    await versus("base", engine)
             if teacher:
                 from ludic.recipes.sft import demo_sft
 
@@ -318,7 +352,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
                 if held_out:
                     await evaluate("format_demos")
         with _timed(wall, "train"):  # its in-training evaluations included
-            _, failure = await train_until_stop(trainer, cfg.train_steps)
+            _, failure = await train_until_stop(trainer, cfg.train_steps, snapshot)
         results["stopped"] = trainer.stopped  # None: it ran every step
         results["instances"] = held.report()
         write_instances(run_dir / INSTANCES_FILE, held)
@@ -328,6 +362,10 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
             results["kept"], results["last_val"] = kept_summary(trainer.best, len(validation)), trainer.best["last_eval"]
         if held_out and may_evaluate(failure):
             await evaluate("trained")
+            if frozen is not None:
+                await versus("trained", engine)
+                if league:  # the start against the same snapshot
+                    await versus("base", frozen, only="league")
         if cfg.final_save or failure is not None:  # a stopped run keeps a loadable final (its best weights)
             trainer.save()
             model.save_pretrained(str(run_dir / "final"))
@@ -344,10 +382,10 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     return TrainResult(model, tok, run_dir, results)
 
 
-def play_protocols(cfg: TrainEnvConfig, env: Any, engine: Any, model: Any, tok: Any) -> tuple[dict, dict]:
-    """(training protocols sampling at ``cfg.temperature``, greedy evaluation protocols) on ``engine``; on a
-    multi-player env the frozen opponent is a copy of ``model`` as it is now (the starting policy). Used by
-    ``ludic train env`` and by the env pipeline's actors."""
+def play_protocols(cfg: TrainEnvConfig, env: Any, engine: Any, model: Any, tok: Any) -> tuple[dict, dict, Any]:
+    """(training protocols sampling at ``cfg.temperature``, greedy evaluation protocols, the frozen opponent) on
+    ``engine``; on a multi-player env the frozen opponent is an engine on a copy of ``model`` as it is now (the
+    starting policy; None for one player). Used by ``ludic train env`` and by the env pipeline's actors."""
     from ludic.inference.client import SamplingParams
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.training.reference import frozen_copy
@@ -359,7 +397,7 @@ def play_protocols(cfg: TrainEnvConfig, env: Any, engine: Any, model: Any, tok: 
     sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.env.max_completion_tokens)
     greedy = SamplingParams(temperature=0.0, max_tokens=cfg.env.max_completion_tokens)
     return (protocols(engine, cfg.env, env, sampling, frozen, greedy),
-            protocols(engine, cfg.env, env, greedy, frozen, greedy))
+            protocols(engine, cfg.env, env, greedy, frozen, greedy), frozen)
 
 
 def rollout_source(cfg: TrainEnvConfig, env: Any, protos: dict[str, Any], run_dir: Path, algo: Any,
@@ -393,6 +431,15 @@ def _timed(wall: dict[str, float], key: str) -> Any:
         yield
     finally:
         wall[key] = wall.get(key, 0.0) + time.monotonic() - t0
+
+
+def _resumed_stages(run_dir: Path) -> dict[str, Any]:
+    """The test stages a resumed run measured before it stopped (``PARTIAL_FILE``)."""
+    try:
+        earlier = json.loads((run_dir / PARTIAL_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: v for k, v in earlier.items() if isinstance(v, dict)}
 
 
 def _headline(results: dict[str, Any]) -> dict[str, Any]:
@@ -431,7 +478,13 @@ async def _eval_env(cfg: EvalEnvConfig) -> dict[str, Any]:
     m = await evaluate_episodes(protos, eval_requests(cfg.env, env, [seed for seed, _ in held.test]), Path(cfg.out),
                                 desc="eval env")
     m["instances"] = trained_overlap(held, cfg.adapter)
-    print(format_summary(f"{cfg.env.env}", m))
+    print(format_summary(f"{cfg.env.env}" + (" vs the base model" if frozen else ""), m))
+    if frozen is not None:  # the opponents it may never have trained against (eval.opponents)
+        suite = opponent_suite(cfg.env, env, engine, tok, [seed for seed, _ in held.test], sampling, seed=cfg.seed)
+        for name, (opp_protos, reqs) in suite.items():
+            out = Path(cfg.out).with_name(f"{Path(cfg.out).stem}_vs_{name}.jsonl")
+            m.setdefault("opponents", {})[name] = vs = await evaluate_episodes(opp_protos, reqs, out, desc=f"vs {name}")
+            print(format_summary(f"{cfg.env.env} vs {name}", vs))
     print(f"instances: {m['instances']['note']}")
     print(f"episodes written to {cfg.out}")
     return m

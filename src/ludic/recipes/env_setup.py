@@ -147,9 +147,12 @@ def summarize(rollouts: Sequence[Rollout]) -> dict[str, Any]:
     """Success rate with a 95% Wilson interval, mean reward with a normal 95% interval, per episode."""
     from ludic.eval.stats import Z95, wilson_interval
 
+    from ludic.eval.opponents import won_by_forfeit
+
     trained = [r for r in rollouts if r.meta.get("trainable", True)]
     ok = [r for r in trained if not r.meta.get("failed")]
     wins = sum(episode_success(r) >= 1.0 for r in ok)
+    forfeits = sum(episode_success(r) >= 1.0 and won_by_forfeit(r) for r in ok)
     n = len(trained)
     lo, hi = wilson_interval(wins, n)
     rewards = [r.total_reward for r in ok] or [0.0]
@@ -159,7 +162,8 @@ def summarize(rollouts: Sequence[Rollout]) -> dict[str, Any]:
             "reward_mean": mean, "reward_ci95_low": mean - half, "reward_ci95_high": mean + half,
             "failed_rate": (n - len(ok)) / n if n else 0.0,
             "parse_error_rate": statistics.fmean(any(s.parse_error for s in r.steps) for r in ok) if ok else 0.0,
-            "turns_mean": statistics.fmean(turns(r) for r in ok) if ok else 0.0}
+            "turns_mean": statistics.fmean(turns(r) for r in ok) if ok else 0.0,
+            "forfeit_win_rate": forfeits / n if n else 0.0, "play_win_rate": (wins - forfeits) / n if n else 0.0}
 
 
 def eval_requests(opts: EnvConfig, env: Any, seeds: Sequence[int]) -> list[RolloutRequest]:
@@ -240,7 +244,38 @@ async def evaluate_episodes(protos: dict[str, Callable[[], Any]], reqs: list[Rol
 
 
 def format_summary(name: str, m: dict[str, Any]) -> str:
+    forfeit = (f" ({m['play_win_rate'] * 100:.1f}% in play, {m['forfeit_win_rate'] * 100:.1f}% by the opponent's "
+               "invalid move or forfeit)" if m.get("forfeit_win_rate") else "")
     return (f"{name}: success {m['success_rate'] * 100:.1f}% (95% CI {m['success_ci95_low'] * 100:.1f}-"
-            f"{m['success_ci95_high'] * 100:.1f}%), reward {m['reward_mean']:.3f} "
+            f"{m['success_ci95_high'] * 100:.1f}%){forfeit}, reward {m['reward_mean']:.3f} "
             f"({m['reward_ci95_low']:.3f} to {m['reward_ci95_high']:.3f}) on {m['episodes']} episodes, "
             f"{m['turns_mean']:.1f} turns, failed {m['failed_rate'] * 100:.1f}%")
+
+
+def opponent_suite(opts: EnvConfig, env: Any, policy: Any, tok: Any, seeds: Sequence[int], greedy: Any, *,
+                   frozen: Any = None, league: Any = None, seed: int = 0) -> dict[str, tuple[dict, list]]:
+    """The opponents a multi-player env is evaluated against (``eval.opponents``), each as (protocols, requests)
+    on the test ``seeds``, the policy (``policy``, greedy) alternating its seat: ``frozen`` (the starting policy),
+    ``random`` (a uniformly random legal player, where the observations list the legal moves), ``bot`` (the game
+    package's own bot, where it has one) and ``league`` (a snapshot the policy never faced, when given)."""
+    from ludic.envs.registry import make_env
+    from ludic.eval.opponents import bot_spec, legal_moves, random_legal_reply
+    from ludic.inference.client import FunctionClient
+
+    out: dict[str, tuple[dict, list]] = {}
+    requests = eval_requests(opts, env, seeds)
+    if frozen is not None:
+        out["frozen"] = (protocols(policy, opts, env, greedy, frozen, greedy), requests)
+    probe = make_env(EnvSpec(opts.env, _eval_kwargs(opts))).reset(seeds[0] if seeds else EVAL_SEED_BASE)
+    if any(legal_moves(obs) for obs, _ in probe.values()):
+        rand = FunctionClient(tok, random_legal_reply(seed))
+        out["random"] = (protocols(policy, opts, env, greedy, rand, greedy), requests)
+    bot = bot_spec(opts.env, _eval_kwargs(opts))
+    if bot is not None:
+        spec = EnvSpec(opts.env, bot)
+        out["bot"] = ({"single_agent": protocols(policy, opts, make_env(spec), greedy)["single_agent"]},
+                      [RolloutRequest(spec, protocol="single_agent", env_seed=s, sampling_seed=s - EVAL_SEED_BASE,
+                                      max_steps=opts.max_turns or None) for s in seeds])
+    if league is not None:
+        out["league"] = (protocols(policy, opts, env, greedy, league, greedy), requests)
+    return out
