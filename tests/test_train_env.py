@@ -153,3 +153,24 @@ def test_keep_best_chooses_on_validation_episodes_apart_from_the_test_ones(tiny_
                 str(tmp_path / "off"), *TINY_RUN[2:], "--eval-episodes", "0", "--eval-every", "0")
     assert off.returncode == 0 and "keep-best is off" in off.stdout, off.stderr[-2000:]  # the default gives way
     assert set(summary["headline"]["stages"]) == {"base", "trained"}  # test stages only; validation in the note
+
+
+@pytest.mark.slow
+def test_a_time_budget_fits_the_steps_and_measures_success_against_minutes(tiny_model_dir, tmp_path):
+    """``--budget-minutes``: no step count; steps go on while one more and the closing evaluation fit, validation
+    comes by the clock, the run stops as a success (``budget``), and the summary holds validation success against
+    minutes; its wall-time parts add up to the total (they overlapped before)."""
+    require("reasoning_gym")
+    import ludic
+
+    run = tmp_path / "run"
+    out = ludic.train("reasoning_gym:chain_sum", model=str(tiny_model_dir), run_dir=str(run), budget_minutes=0.75,
+                      train_steps=0, eval_episodes=4, val_episodes=2, group_size=2, prompts_per_step=2,
+                      max_completion_tokens=6, logger="none", dtype="float32", max_no_signal_steps=0)
+    r = out.results
+    assert r["stopped"]["reason"] == "budget" and not r["stopped"]["failed"] and r["stopped"]["step"] >= 1
+    assert r["curve"] and all({"minutes", "step", "success_rate"} <= set(p) for p in r["curve"])
+    assert r["curve"][-1]["step"] == r["stopped"]["step"] and r["kept"]["last_step"] == r["stopped"]["step"]
+    wall = r["wall_s"]
+    assert abs(sum(v for k, v in wall.items() if k != "total") - wall["total"]) < 1e-6
+    assert json.loads((run / "budget.json").read_text())["budget_s"] == 45.0

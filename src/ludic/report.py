@@ -329,6 +329,16 @@ def _tokenizer_for(run_dir: Path) -> Any:
         return None
 
 
+def minutes_plot(run_dir: Path) -> str:
+    """Validation success against minutes (``summary.json``'s ``curve``, ``ludic train env``), the first chart."""
+    try:
+        curve = json.loads((run_dir / "summary.json").read_text()).get("curve") or []
+    except (OSError, ValueError, AttributeError):
+        return ""
+    points = [(float(p["minutes"]), float(p["success_rate"])) for p in curve if "minutes" in p and "success_rate" in p]
+    return svg_plot("validation success vs minutes", points) if points else ""
+
+
 def build_report(run_dir: str | Path, tokenizer: Any = None) -> Path:
     """Write ``<run_dir>/report.html`` from the run's files; returns its path."""
     run_dir = Path(run_dir)
@@ -338,7 +348,7 @@ def build_report(run_dir: str | Path, tokenizer: Any = None) -> Path:
     rows = _read_jsonl(run_dir / "metrics.jsonl")
     curves = series(rows)
     stages = stages_html(run_dir)
-    plots = "".join(svg_plot(k, v) for k, v in curves.items()) or (
+    plots = minutes_plot(run_dir) + "".join(svg_plot(k, v) for k, v in curves.items()) or (
         "<p>The curves are per stage, below.</p>" if stages else "<p>No metrics.jsonl rows yet.</p>")
     config = (run_dir / "config.json").read_text() if (run_dir / "config.json").exists() else "{}"
     page = (

@@ -45,6 +45,64 @@ class Clock:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
 
+class StepBudget:
+    """A run fitted to a time budget (``ludic train env --budget-minutes``): training steps go on while the time
+    left holds one more step (its mean wall time so far, validation evaluations included) and the closing
+    evaluation (``closing_s``, measured on the opening one); validation evaluations come every ``1 / evals`` of
+    the budget, so a run of any length is measured about ``evals`` times. The clock's start is kept in
+    ``<run_dir>/budget.json`` with the seconds spent, so a resumed run spends what is left.
+
+    Args:
+        minutes: the whole run's budget (set-up, evaluations and training).
+        path: ``budget.json``.
+        evals: validation evaluations over the budget.
+    """
+
+    def __init__(self, minutes: float, path: Path, evals: int = 8) -> None:
+        self.budget_s, self.path, self.evals = minutes * 60.0, path, evals
+        spent = 0.0
+        try:
+            spent = float(__import__("json").loads(path.read_text())["spent_s"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        self.t0 = time.monotonic() - spent
+        self.train_t0: float | None = None
+        self.steps = 0
+        self.last_eval = time.monotonic()
+        self.closing_s = 0.0
+        """Seconds the closing test evaluation is expected to take (the opening one's, measured)."""
+
+    def spent(self) -> float:
+        return time.monotonic() - self.t0
+
+    def left(self) -> float:
+        return self.budget_s - self.spent()
+
+    def eval_due(self) -> bool:
+        """Whether a validation evaluation is due (every ``budget / evals`` seconds of training)."""
+        if time.monotonic() - self.last_eval < self.budget_s / max(1, self.evals):
+            return False
+        self.last_eval = time.monotonic()
+        return True
+
+    def after_step(self) -> bool:
+        """Count a training step (and save the clock); whether another one and the closing evaluation still fit."""
+        import json
+
+        if self.train_t0 is None:
+            self.start_training()
+        self.steps += 1
+        self.path.write_text(json.dumps({"spent_s": self.spent(), "budget_s": self.budget_s}))
+        per_step = (time.monotonic() - self.train_t0) / self.steps
+        return self.left() > per_step + self.closing_s
+
+    def start_training(self) -> None:
+        """Training begins now: step times count from here."""
+        self.train_t0 = time.monotonic()
+        self.last_eval = self.train_t0
+        self.steps = 0
+
+
 def machine() -> dict[str, Any]:
     """What the timings were taken on."""
     import os

@@ -35,23 +35,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import random
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from ludic.envs.registry import import_attr
-from ludic.errors import UsageError
+from ludic.errors import TrainingStopped, UsageError
 from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock, kept_summary, load_policy_for
-from ludic.recipes.common import may_evaluate, train_until_stop
-from ludic.recipes.env_setup import (EVAL_SEED_BASE, INSTANCES_FILE, EnvConfig, env_metrics, eval_requests,
+from ludic.recipes.common import StepBudget, may_evaluate, train_until_stop
+from ludic.recipes.env_setup import (INSTANCES_FILE, EnvConfig, TrainingSeeds, env_metrics, eval_requests,
                                      evaluate_episodes, format_summary, held_out_for, opponent_suite, probe_env,
                                      protocols, register_python_env, trained_overlap, write_instances)
+from ludic.recipes.format_demos import format_demo_items
 from ludic.training.config import TrainerConfig
-from ludic.types import EnvSpec, RolloutRequest
 
-FORMAT_DEMO_EPISODES = 32
 PARTIAL_FILE = "summary.partial.json"
 """The results so far (each test stage as it is measured): a resumed run's summary keeps its earlier stages."""
 LEAGUE_DIR = "league_snapshot"
@@ -85,6 +82,12 @@ class TrainEnvConfig(ModelBlock, LoraBlock, GRPOBlock, TrainRunBlock):
     """Example replies (.jsonl / .txt) or module:function (observation -> reply) for a format cold start."""
     format_demo_steps: int = 10
     format_demo_lr: float = 2e-4
+    budget_minutes: float = 30.0
+    """The run's time budget, evaluations included (``recipes.common.StepBudget``): steps go on while one more and
+    the closing evaluation fit, validation evaluations come every 1/8 of it (``--eval-every`` then unused); 0: no
+    budget (``--train-steps`` decides)."""
+    train_steps: int = 0
+    """At most this many optimizer steps (0: the budget decides)."""
 
 
 @dataclass
@@ -98,113 +101,7 @@ class EvalEnvConfig(ModelBlock):
     seed: int = 0
 
 
-# ---------------------------------------------------------------------------------- format cold start
-
-
-def demo_teacher(spec: str | Callable[[str], str], seed: int = 0) -> Callable[[list[dict]], str]:
-    """The teacher of a format cold start, ``messages -> reply``: from example replies (a .jsonl of
-    ``{"reply": ...}``, a .txt one per line) or a function of the last observation."""
-    if callable(spec):
-        fn = spec
-    elif spec.endswith((".jsonl", ".txt")):
-        path = Path(spec)
-        if not path.exists():
-            raise FileNotFoundError(f"--format-demos: {path} does not exist")
-        if spec.endswith(".jsonl"):
-            from ludic.data.jsonl import read_jsonl
-
-            replies = [r["reply"] for r in read_jsonl(path, {"reply": str})]
-        else:
-            replies = [line.strip() for line in path.read_text().splitlines() if line.strip()]
-        if not replies:
-            raise ValueError(f"--format-demos: {path} holds no example reply")
-        rng = random.Random(seed)
-        fn = lambda obs: rng.choice(replies)  # noqa: E731
-    elif ":" in spec:
-        fn = import_attr(spec)
-    else:
-        raise ValueError(f"--format-demos {spec!r}: give a .jsonl / .txt of example replies or module:function")
-
-    def reply(messages: list[dict]) -> str:
-        last = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
-        return str(fn(last))
-
-    return reply
-
-
-async def format_demo_items(cfg: TrainEnvConfig, env: Any, tok: Any, teacher_spec: Any, held: Any = None) -> list[Any]:
-    """SFT items from the teacher playing ``FORMAT_DEMO_EPISODES`` training episodes (every seat) through
-    the same agent, context and chat template as the policy, none on a held-out instance (``held``; the
-    instances it plays count as trained)."""
-    from ludic.inference.client import FunctionClient, SamplingParams
-    from ludic.rollouts.engine import RolloutEngine
-    from ludic.types import SAWItem
-
-    teacher = FunctionClient(tok, demo_teacher(teacher_spec, cfg.seed))
-    sampling = SamplingParams(temperature=0.0, max_tokens=cfg.env.max_completion_tokens)
-    protos = protocols(teacher, cfg.env, env, sampling)
-    key = "single_agent" if "single_agent" in protos else "self"
-    draw = TrainingSeeds(replace(cfg, seed=cfg.seed + 7), n_seats=1, multi=False, held=held)
-    spec = EnvSpec(cfg.env.env, cfg.env.kwargs())
-    reqs = [RolloutRequest(spec, protocol=key, env_seed=draw._seed(), max_steps=cfg.env.max_turns or None)
-            for _ in range(FORMAT_DEMO_EPISODES)]
-    rollouts = await RolloutEngine(protos).generate_rollouts(reqs, progress="format demos")
-    return [SAWItem(prompt_ids=s.trace.prompt_ids, completion_ids=s.trace.completion_ids, weight=1.0)
-            for r in rollouts if not r.meta.get("failed") for s in r.steps if s.trace is not None]
-
-
 # -------------------------------------------------------------------------------------------- train
-
-
-class TrainingSeeds:
-    """Each step's requests: ``prompts_per_step`` training seeds (below ``EVAL_SEED_BASE``), none of whose instances
-    is held out (``held.excludes``: the test and validation instances, where the space has room), and for a frozen
-    opponent the trained seat alternating. Every instance drawn is recorded (``held.trained``: how many test
-    instances the run trained on). Its state goes into the checkpoints (the batch source saves a ``requests_fn``'s
-    ``state_dict``): a resumed run draws the seeds the uninterrupted run would have."""
-
-    def __init__(self, cfg: "TrainEnvConfig", *, n_seats: int, multi: bool, held: Any = None) -> None:
-        from ludic.recipes.env_setup import instance_key_fn
-
-        self.cfg, self.n_seats, self.multi = cfg, n_seats, multi
-        self.spec = EnvSpec(cfg.env.env, cfg.env.kwargs())
-        self.rng = random.Random(cfg.seed)
-        self.drawn = 0
-        self.key_of = instance_key_fn(cfg.env, "train")
-        self.exclude: set[str] = held.excludes if held is not None else set()
-        self.trained: set[str] = held.trained if held is not None else set()
-
-    def _seed(self) -> int:
-        """The next training seed whose instance is not held out (recorded as trained)."""
-        for _ in range(100_000):
-            seed = self.rng.randrange(EVAL_SEED_BASE)
-            key = self.key_of(seed)
-            if key not in self.exclude:
-                self.trained.add(key)
-                return seed
-        raise RuntimeError(f"{self.cfg.env.env}: 100,000 training seeds in a row drew held-out instances")
-
-    def __call__(self) -> list[RolloutRequest]:
-        cfg, reqs = self.cfg, []
-        for _ in range(cfg.prompts_per_step):
-            key = ("single_agent" if not self.multi else "self" if cfg.env.opponent == "self"
-                   else f"seat{self.drawn % self.n_seats}")
-            reqs.append(RolloutRequest(self.spec, protocol=key, env_seed=self._seed(), max_steps=cfg.env.max_turns or None))
-            self.drawn += 1
-        return reqs
-
-    def state_dict(self) -> dict[str, Any]:
-        from ludic.rollouts.engine import rng_state
-
-        return {"rng": rng_state(self.rng), "drawn": self.drawn, "trained": sorted(self.trained)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        from ludic.rollouts.engine import set_rng_state
-
-        set_rng_state(self.rng, state["rng"])
-        self.drawn = int(state["drawn"])
-        self.trained.clear()
-        self.trained.update(state.get("trained", []))
 
 
 @dataclass
@@ -266,6 +163,8 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     from ludic.training.trainer import Trainer
 
     logger_names(cfg.logger)
+    if not cfg.budget_minutes and not cfg.train_steps:
+        raise UsageError("give --budget-minutes (the run's time budget) or --train-steps (a step count)")
     env = probe_env(cfg.env)
     run_dir = cfg.resolve_run_dir("env")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -284,13 +183,20 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     held_out = eval_requests(cfg.env, env, [seed for seed, _ in held.test])
     validation = eval_requests(cfg.env, env, [seed for seed, _ in held.val])
 
+    budget = StepBudget(cfg.budget_minutes, run_dir / "budget.json") if cfg.budget_minutes else None
+    curve: list[dict[str, Any]] = []
+    """Validation success against minutes (and steps): the report's learning curve."""
+
     async def evaluate(stage: str = "val") -> dict[str, Any]:
         """A test stage on the held-out episodes, or ``val``: the validation ones (``eval_val.jsonl`` holds the
         latest)."""
         reqs = validation if stage == "val" else held_out
-        with _timed(wall, "eval"):
+        with _timed(wall, "validation" if stage == "val" else "eval"):
             m = await evaluate_episodes(eval_protos, reqs, run_dir / f"eval_{stage}.jsonl", desc=f"eval {stage}")
-        if stage != "val":
+        m["minutes"] = (budget.spent() if budget else time.monotonic() - start) / 60.0
+        if stage == "val":
+            curve.append({"step": trainer.step, "minutes": m["minutes"], "success_rate": m["success_rate"]})
+        else:
             results[stage] = m
             print(format_summary(f"[env] {stage}" + (" vs frozen start" if frozen else ""), m), flush=True)
             (run_dir / PARTIAL_FILE).write_text(json.dumps(results))  # a resumed run keeps its earlier stages
@@ -314,10 +220,19 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
             results.setdefault("opponents", {}).setdefault(name, {})[stage] = m
             print(format_summary(f"[env] {stage} vs {name}", m), flush=True)
 
-    def snapshot(step: int, metrics: dict[str, Any]) -> None:
-        if frozen is not None and not league and step >= max(1, cfg.train_steps // 2):
+    async def on_step(step: int, metrics: dict[str, Any]) -> None:
+        """The league snapshot halfway through; under a budget, validation by the clock and the stop."""
+        half = budget.spent() >= budget.budget_s / 2 if budget else step >= max(1, cfg.train_steps // 2)
+        if frozen is not None and not league and half:
             model.save_pretrained(str(run_dir / LEAGUE_DIR))
             league.append(TransformersEngine(frozen_copy(model), tok))
+        if budget is None:
+            return
+        if validation and budget.eval_due():
+            metrics.update(await trainer.evaluate())
+        if not budget.after_step():
+            raise TrainingStopped("budget", f"the {cfg.budget_minutes:g}-minute budget holds no further step and the "
+                                  f"closing evaluation ({budget.spent() / 60:.1f} min spent, step {step})", failed=False)
 
     algo = algorithm_for(cfg)
     source = rollout_source(cfg, env, train_protos, run_dir, algo, held)
@@ -328,7 +243,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     trainer = Trainer(
         model, algo, source, trainer_config(cfg),
         publisher=InProcessPublisher(engine), logger=logger, checkpoint_dir=run_dir / "checkpoints", tokenizer=tok,
-        evaluator=evaluate if validation else None, eval_every=cfg.eval_every, keep_best=keep)
+        evaluator=evaluate if validation else None, eval_every=0 if budget else cfg.eval_every, keep_best=keep)
     try:
         if cfg.resume and trainer.resume():
             results.update(_resumed_stages(run_dir))
@@ -351,8 +266,13 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
                                    seed=cfg.seed, publisher=InProcessPublisher(engine))
                 if held_out:
                     await evaluate("format_demos")
-        with _timed(wall, "train"):  # its in-training evaluations included
-            _, failure = await train_until_stop(trainer, cfg.train_steps, snapshot)
+        if budget is not None:
+            budget.closing_s = 1.2 * wall.get("eval", 0.0)  # the opening evaluations, measured
+            budget.start_training()
+        with _timed(wall, "train"):  # the validation evaluations in it are counted apart (wall["validation"])
+            _, failure = await train_until_stop(trainer, cfg.train_steps or 10**9, on_step)
+        wall["train"] -= wall.get("validation", 0.0)
+        results["curve"] = curve
         results["stopped"] = trainer.stopped  # None: it ran every step
         results["instances"] = held.report()
         write_instances(run_dir / INSTANCES_FILE, held)
@@ -373,7 +293,8 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
         if "base" in results and "trained" in results:
             results["success_gain"] = results["trained"]["success_rate"] - results["base"]["success_rate"]
         results["headline"] = _headline(results)
-        results["wall_s"] = {"total": time.monotonic() - start, **wall}
+        total = time.monotonic() - start
+        results["wall_s"] = {"total": total, **wall, "other": max(0.0, total - sum(wall.values()))}  # parts sum to total
         (run_dir / "summary.json").write_text(json.dumps(results, indent=2))
     finally:
         logger.close()  # writes report.html, with summary.json
@@ -418,7 +339,11 @@ def rollout_source(cfg: TrainEnvConfig, env: Any, protos: dict[str, Any], run_di
 
 
 def trainer_config(cfg: TrainEnvConfig) -> Any:
-    """The step's TrainerConfig: the schedule's length and the Dr.GRPO normaliser filled in from the run."""
+    """The step's TrainerConfig: the schedule's length and the Dr.GRPO normaliser filled in from the run (a
+    decaying schedule under a budget needs ``--total-steps``: the step count is not known before the run)."""
+    if cfg.trainer.lr_schedule != "constant" and not (cfg.trainer.total_steps or cfg.train_steps):
+        raise UsageError(f"--lr-schedule {cfg.trainer.lr_schedule} decays over --total-steps: give it (or "
+                         "--train-steps) when --budget-minutes decides the run's length")
     return replace(cfg.trainer, total_steps=cfg.trainer.total_steps or cfg.train_steps,
                    norm_max_tokens=cfg.trainer.norm_max_tokens or cfg.env.max_completion_tokens)
 

@@ -279,3 +279,54 @@ def opponent_suite(opts: EnvConfig, env: Any, policy: Any, tok: Any, seeds: Sequ
     if league is not None:
         out["league"] = (protocols(policy, opts, env, greedy, league, greedy), requests)
     return out
+
+
+class TrainingSeeds:
+    """Each step's requests: ``prompts_per_step`` training seeds (below ``EVAL_SEED_BASE``), none of whose instances
+    is held out (``held.excludes``: the test and validation instances, where the space has room), and for a frozen
+    opponent the trained seat alternating. Every instance drawn is recorded (``held.trained``: how many test
+    instances the run trained on). Its state goes into the checkpoints (the batch source saves a ``requests_fn``'s
+    ``state_dict``): a resumed run draws the seeds the uninterrupted run would have."""
+
+    def __init__(self, cfg: Any, *, n_seats: int, multi: bool, held: Any = None) -> None:
+        self.cfg, self.n_seats, self.multi = cfg, n_seats, multi
+        import random
+
+        self.spec = EnvSpec(cfg.env.env, cfg.env.kwargs())
+        self.rng = random.Random(cfg.seed)
+        self.drawn = 0
+        self.key_of = instance_key_fn(cfg.env, "train")
+        self.exclude: set[str] = held.excludes if held is not None else set()
+        self.trained: set[str] = held.trained if held is not None else set()
+
+    def _seed(self) -> int:
+        """The next training seed whose instance is not held out (recorded as trained)."""
+        for _ in range(100_000):
+            seed = self.rng.randrange(EVAL_SEED_BASE)
+            key = self.key_of(seed)
+            if key not in self.exclude:
+                self.trained.add(key)
+                return seed
+        raise RuntimeError(f"{self.cfg.env.env}: 100,000 training seeds in a row drew held-out instances")
+
+    def __call__(self) -> list[RolloutRequest]:
+        cfg, reqs = self.cfg, []
+        for _ in range(cfg.prompts_per_step):
+            key = ("single_agent" if not self.multi else "self" if cfg.env.opponent == "self"
+                   else f"seat{self.drawn % self.n_seats}")
+            reqs.append(RolloutRequest(self.spec, protocol=key, env_seed=self._seed(), max_steps=cfg.env.max_turns or None))
+            self.drawn += 1
+        return reqs
+
+    def state_dict(self) -> dict[str, Any]:
+        from ludic.rollouts.engine import rng_state
+
+        return {"rng": rng_state(self.rng), "drawn": self.drawn, "trained": sorted(self.trained)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from ludic.rollouts.engine import set_rng_state
+
+        set_rng_state(self.rng, state["rng"])
+        self.drawn = int(state["drawn"])
+        self.trained.clear()
+        self.trained.update(state.get("trained", []))
