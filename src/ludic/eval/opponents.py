@@ -27,13 +27,14 @@ from typing import Any, Callable
 from ludic.types import Rollout
 
 OPPONENTS = ("frozen", "random", "bot", "league")
-_AVAILABLE = re.compile(r"available (?:actions|moves)[^:\n]*:\s*(.+)$", re.IGNORECASE | re.MULTILINE)
+_AVAILABLE = re.compile(r"(?:available|possible|valid) (?:actions|moves)[^:\n]*:\s*(.+)$", re.IGNORECASE | re.MULTILINE)
 _BRACKETED = re.compile(r"'(\[[^\]\n]+\])'")
 _LEGAL_LINE = re.compile(r"^(\S+) -> ", re.MULTILINE)
 
 
 def legal_moves(observation: str) -> list[str] | None:
-    """The legal moves an observation lists (the last such list), as replies; None when it lists none."""
+    """The legal moves an observation lists (the last such list: TextArena's "available/possible/valid actions:
+    '[a]', '[b]'", OpenSpiel's "Legal Actions:" lines), as replies; None when it lists none."""
     found = _AVAILABLE.findall(observation)
     if found:
         moves = _BRACKETED.findall(found[-1])
@@ -57,7 +58,9 @@ def random_legal_reply(seed: int = 0) -> Callable[[list[dict]], str]:
         if not moves:
             return ""
         digest = hashlib.sha256(f"{seed}\n{text}".encode()).digest()
-        return random.Random(int.from_bytes(digest[:8], "big")).choice(moves)
+        rng = random.Random(int.from_bytes(digest[:8], "big"))
+        move = rng.choice(moves)  # an amount left to the player ('[bet X]'): a small one at random
+        return re.sub(r"\bX\b", str(rng.randint(1, 3)), move)
 
     return reply
 
