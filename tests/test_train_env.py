@@ -65,7 +65,9 @@ def test_train_env_on_a_textarena_two_player_game_against_the_frozen_start(tiny_
     frozen = [r for r in rollouts if r["meta"].get("trainable") is False]
     assert len(trained) == len(frozen) == 4  # 2 seeds x group 2, one trained and one frozen seat each
     assert {r["meta"]["agent_id"] for r in trained} == {"player_0", "player_1"}  # the trained seat alternates
-    assert json.loads((run / "summary.json").read_text())["trained"]["episodes"] == 4
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["trained"]["episodes"] == 2  # one start position: one held-out episode per seat
+    assert summary["instances"]["test_distinct"] == 1 and summary["instances"]["label"] == "trained instances"
 
 
 def test_wrong_env_specs_are_named():

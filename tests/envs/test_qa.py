@@ -55,7 +55,7 @@ def test_extract_answer_styles():
 def test_qa_env_grades_and_records():
     env = QAEnv("What is 2+2?", "4", grader="math", template="Q: {question}", id="q1")
     obs, info = env.reset()[env.agent_id]
-    assert obs == "Q: What is 2+2?" and info == {"id": "q1"}
+    assert obs == "Q: What is 2+2?" and info == {"id": "q1", "instance": "What is 2+2?"}
     out = env.step({env.agent_id: "4.0"})[env.agent_id]
     assert out.reward == 1.0 and out.terminated
     assert out.info == {"id": "q1", "correct": True, "reference": "4", "predicted": "4.0", "grader": "math"}

@@ -87,17 +87,19 @@ def probe_space(key_of: Callable[[int], str], rng: random.Random, limit: int = P
 
 
 def distinct_seeds(key_of: Callable[[int], str], seeds: Iterable[int], n: int, exclude: set[str] = frozenset(),
-                   max_tries: int = 0) -> list[tuple[int, str]]:
+                   max_tries: int = 0, seats: int = 1) -> list[tuple[int, str]]:
     """Up to ``n`` (seed, key) of distinct instances from ``seeds`` in order, none in ``exclude`` (at most
-    ``max_tries`` seeds looked at, default 20 n)."""
+    ``max_tries`` seeds looked at, default 20 n). ``seats``: the episode at position i plays seat ``i % seats``
+    (a two-player evaluation alternates the policy's seat), and an instance is distinct per seat: a game with
+    one start (tic-tac-toe) gives one episode per seat."""
     out: list[tuple[int, str]] = []
-    seen = set(exclude)
+    seen = {(k, s) for k in exclude for s in range(seats)}
     for tries, seed in enumerate(seeds, 1):
         if len(out) >= n or tries > (max_tries or 20 * n + 100):
             break
         key = key_of(seed)
-        if key not in seen:
-            seen.add(key)
+        if (key, len(out) % seats) not in seen:
+            seen.add((key, len(out) % seats))
             out.append((seed, key))
     return out
 
@@ -149,11 +151,11 @@ class HeldOut:
 
 
 def build_held_out(key_of: Callable[[int], str], train_key_of: Callable[[int], str], *, n_test: int, n_val: int,
-                   test_seeds: Iterable[int], val_seeds: Iterable[int], rng: random.Random) -> HeldOut:
-    """Test and validation sets of distinct instances (disjoint by content; ``key_of`` on the eval split's seeds),
-    and whether training (``train_key_of`` on its seeds) can skip them."""
-    test = distinct_seeds(key_of, test_seeds, n_test)
-    val = distinct_seeds(key_of, val_seeds, n_val, exclude={k for _, k in test})
+                   test_seeds: Iterable[int], val_seeds: Iterable[int], rng: random.Random, seats: int = 1) -> HeldOut:
+    """Test and validation sets of distinct instances (disjoint by content; ``key_of`` on the eval split's seeds;
+    ``seats``: ``distinct_seeds``), and whether training (``train_key_of`` on its seeds) can skip them."""
+    test = distinct_seeds(key_of, test_seeds, n_test, seats=seats)
+    val = distinct_seeds(key_of, val_seeds, n_val, exclude={k for _, k in test}, seats=seats)
     space = probe_space(train_key_of, rng)
     room = space["estimate"] >= ROOM * (len(test) + len(val)) and not (space["exact"] and space["distinct"] <= len(test) + len(val))
     return HeldOut(test, val, space, room, asked=(n_test, n_val))

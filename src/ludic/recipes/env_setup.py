@@ -186,6 +186,11 @@ def instance_key_fn(opts: EnvConfig, split: str) -> Callable[[int], str]:
     return lambda seed: instance_of(env.reset(seed))
 
 
+def _seats(opts: EnvConfig) -> int:
+    """The seats a held-out episode's policy alternates over (``eval_requests``): the env's agents."""
+    return len(probe_env(opts).agent_ids)
+
+
 def held_out_for(opts: EnvConfig, n_test: int, n_val: int, seed: int = 0) -> Any:
     """The run's held-out sets (``eval.instances.HeldOut``): ``n_test`` test and ``n_val`` validation instances,
     distinct and disjoint by content, from the eval seeds (test from ``EVAL_SEED_BASE``, validation from
@@ -196,7 +201,7 @@ def held_out_for(opts: EnvConfig, n_test: int, n_val: int, seed: int = 0) -> Any
     from ludic.eval.instances import build_held_out
 
     key_of = instance_key_fn(opts, "eval")
-    return build_held_out(key_of, instance_key_fn(opts, "train"), n_test=n_test, n_val=n_val,
+    return build_held_out(key_of, instance_key_fn(opts, "train"), n_test=n_test, n_val=n_val, seats=_seats(opts),
                           test_seeds=range(EVAL_SEED_BASE, EVAL_SEED_BASE + VAL_SEED_FIRST),
                           val_seeds=range(EVAL_SEED_BASE + VAL_SEED_FIRST, EVAL_SEED_BASE + 100 * VAL_SEED_FIRST),
                           rng=random.Random(seed + 9176))

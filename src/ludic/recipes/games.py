@@ -9,8 +9,7 @@ suite's way) -> SingleAgentProtocol / MultiAgentProtocol -> RolloutEngine -> GAE
 rewards with the learner's value pass -> clipped policy + value losses, KL to the adapter-off
 reference with an adaptive coefficient -> Trainer. On kuhn_poker and leduc_poker the policy's
 exploitability (NashConv, exact, from the model's action probabilities) is logged as a curve.
-The game side (which games, the env of an episode, the agent and protocols, the metrics, NashConv) is
-in ``ludic.recipes.games_setup``.
+The game side (which games, episodes, agents and protocols, metrics, NashConv): ``recipes.games_setup``.
 """
 
 from __future__ import annotations
@@ -67,9 +66,8 @@ class TrainGamesConfig(ModelBlock, GamesBlock, TrainRunBlock):
     gamma: float = 1.0
     lam: float = 0.95
     baseline: str = "value"
-    """Advantage baseline: value (the critic, GAE) or state (the batch's leave-one-out mean return of
-    the same prompt, i.e. information state, where it recurs; the critic elsewhere). state suits
-    small games, where the batch visits each state many times."""
+    """Advantage baseline: value (the critic, GAE) or state (the batch's leave-one-out mean return of the same
+    information state where it recurs, the critic elsewhere; suits small games)."""
     vf_coef: float = 0.1
     kl_coef: float = 0.2
     """Initial KL coefficient to the reference (the adapter disabled)."""
@@ -395,7 +393,7 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
     if not (trainer.keep_best and trainer.step == 0):  # else the trainer measures the start, a keep-best candidate
         measure(trainer.step)
 
-    async def on_step(step: int, metrics: dict[str, Any]) -> None:
+    def on_step(step: int, metrics: dict[str, Any]) -> None:
         if league is not None:
             league.maybe_snapshot(model, step)
 
@@ -407,8 +405,7 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
         logger.close()
     summary = {**{k: v for k, v in last.items() if isinstance(v, (int, float))}, "exploitability": curve,
                "stopped": trainer.stopped}
-    if trainer.best:
-        b = trainer.best
+    if b := trainer.best:
         summary["kept"] = {"step": b["step"], "nash_conv": b["value"], "last_step": b["last_step"],
                            "last_nash_conv": b["last_eval"]["nash_conv"]}
         print(f"[games] kept step {b['step']} (mean NashConv {b['value']:.4f}); the last step, {b['last_step']}, "
