@@ -161,3 +161,43 @@ def test_a_trainer_built_before_another_trained_the_model_steps_from_that_traini
     assert float(moved_from_sft) < 0.02, f"the RL step moved the weights {float(moved_from_sft):.3f} from the SFT's"
     (master,) = rl.masters.params
     assert torch.equal(w.detach(), master.detach().to(torch.bfloat16))
+
+
+def _fp16_lora(model_dir):
+    from ludic.training.lora import LoraSettings
+
+    model, tok = load_policy(str(model_dir), dtype="float16", lora=LoraSettings(rank=4, alpha=8))
+    assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.float32}  # peft's fp32 adapters
+    return model, tok
+
+
+def test_fp16_model_with_fp32_lora_adapters_scales_the_loss(tiny_model_dir):
+    """Was: the scaler existed only when a trainable parameter was fp16, so LoRA on an fp16 model (adapters fp32,
+    the forward and backward fp16) trained without loss scaling: small gradients flushed to zero in the fp16
+    backward, and an overflow was not caught as one."""
+    model, tok = _fp16_lora(tiny_model_dir)
+    trainer, items = _trainer(model, tok)
+    assert not trainer.masters.active  # the adapters are fp32: no masters
+    assert trainer.masters.scaler is not None, "an fp16 forward/backward without a loss scaler"
+    adapters = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    m = trainer.optimize(items)
+    assert m["loss_scale"] == 2.0 ** 16 and "skipped_overflow" not in m
+    assert any(not torch.equal(p.detach(), adapters[n]) for n, p in model.named_parameters() if p.requires_grad)
+    trainer.masters.scaler.scale = 1e30  # the scaled fp16 gradients overflow: no step, the scale halves
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    m = trainer.optimize(items)
+    assert m.get("skipped_overflow") == 1 and m["loss_scale"] == 5e29
+    assert all(torch.equal(p.detach(), before[n]) for n, p in model.named_parameters() if p.requires_grad)
+
+
+def test_loss_scaling_follows_the_compute_dtype():
+    """The scaler's decision: the dtype the forward and backward compute in, not the trainable parameters' own."""
+    from ludic.training.precision import needs_loss_scaling
+
+    lin = torch.nn.Linear(4, 4)
+    assert not needs_loss_scaling(lin)
+    assert needs_loss_scaling(torch.nn.Linear(4, 4).half())
+    assert not needs_loss_scaling(torch.nn.Linear(4, 4).bfloat16())
+    mixed = torch.nn.Sequential(torch.nn.Linear(4, 4).half(), torch.nn.Linear(4, 4))  # an fp16 base, an fp32 head
+    mixed[0].requires_grad_(False)
+    assert needs_loss_scaling(mixed)
