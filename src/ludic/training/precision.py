@@ -22,8 +22,11 @@ bf16 model (same kernels, same speed, no cast per step):
 - a parameter has one master, shared by every Trainer built on the model (a format SFT's and the RL
   Trainer built before it, in ``ludic train env``): each steps from where the other left the weights. A
   new Trainer takes a parameter's weights afresh when something else changed them since (a load);
-- fp16 (GPUs without bf16) also scales the loss (``backward``) dynamically, as torch's GradScaler
-  does: gradients that overflow skip the step and halve the scale, 2000 clean steps double it.
+- fp16 (GPUs without bf16: ``--dtype auto`` picks it there) also scales the loss (``backward``)
+  dynamically, as torch's GradScaler does: gradients that overflow skip the step and halve the scale,
+  2000 clean steps double it. The scaler follows the dtype the forward and backward compute in
+  (``needs_loss_scaling``), not the trainable parameters' own: LoRA's fp32 adapters on an fp16 model,
+  and FSDP2's fp32 shards under ``MixedPrecisionPolicy(param_dtype=fp16)``, are scaled too.
 
 FSDP2 does the same itself: ``training.fsdp.shard_model`` shards fp32 parameters under a
 ``MixedPrecisionPolicy``; sharded parameters are fp32 here and get no master. Checkpoints store the
@@ -44,6 +47,7 @@ from typing import Any
 
 import torch
 
+from ludic.distributed import reduce_floats
 from ludic.training.config import TrainerConfig
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -56,14 +60,17 @@ class MasterWeights:
     Args:
         model_params: the model's trainable parameters.
         enabled: False: no masters (pure low precision; the optimizer steps the parameters themselves).
+        loss_scaling: scale the loss (``LossScaler``): the model computes in fp16 (``needs_loss_scaling``).
+            An fp16 trainable parameter turns it on too.
     """
 
-    def __init__(self, model_params: list[torch.nn.Parameter], enabled: bool = True) -> None:
+    def __init__(self, model_params: list[torch.nn.Parameter], enabled: bool = True,
+                 loss_scaling: bool = False) -> None:
         self.pairs: list[tuple[torch.nn.Parameter, torch.nn.Parameter]] = []
         """(model parameter, its fp32 master) for every low-precision trainable parameter."""
         self.params: list[torch.nn.Parameter] = []
         """What the optimizer steps: the masters, and the fp32 parameters themselves."""
-        fp16 = False
+        fp16 = loss_scaling or any(p.dtype == torch.float16 for p in model_params)
         for p in model_params:
             if not enabled or p.dtype not in LOW_PRECISION:
                 self.params.append(p)
@@ -82,9 +89,8 @@ class MasterWeights:
                 p._ludic_master_hook = True  # type: ignore[attr-defined]
             self.pairs.append((p, master))
             self.params.append(master)
-            fp16 = fp16 or p.dtype == torch.float16
         self.scaler = LossScaler() if fp16 else None
-        """Dynamic loss scaling, for fp16 parameters only (bf16 has fp32's exponent range)."""
+        """Dynamic loss scaling, for an fp16 forward and backward only (bf16 has fp32's exponent range)."""
 
     @property
     def active(self) -> bool:
@@ -100,10 +106,11 @@ class MasterWeights:
         (the step is then skipped and the scale lowered). Always True without fp16."""
         if self.scaler is None:
             return True
-        grads = [p.grad for p in self.params if p.grad is not None]
+        grads = [_local(p.grad) for p in self.params if p.grad is not None]  # FSDP2: this rank's shards
         if grads:
             torch._foreach_mul_(grads, 1.0 / self.scaler.scale)
-        finite = all(bool(torch.isfinite(g).all()) for g in grads)
+        bad = sum(not bool(torch.isfinite(g).all()) for g in grads)
+        finite = reduce_floats([float(bad)])[0] == 0  # every rank skips or steps alike
         self.scaler.update(finite)
         return finite
 
@@ -153,6 +160,28 @@ class MasterWeights:
                 p.copy_(state[n].to(p.dtype))
         if self.active:
             self.load_state_dict(model, state)
+
+
+def needs_loss_scaling(model: Any) -> bool:
+    """Whether ``model``'s forward and backward compute in fp16, whatever its trainable parameters are: an
+    fp16 parameter (a base model under fp32 LoRA adapters included), or an FSDP2 module whose
+    ``MixedPrecisionPolicy`` casts its (fp32) shards to fp16 (``training.fsdp.shard_model`` of an fp16 model)."""
+    if any(p.dtype == torch.float16 for p in model.parameters()):
+        return True
+    return any(_fsdp_param_dtype(m) == torch.float16 for m in model.modules())
+
+
+def _fsdp_param_dtype(module: Any) -> Any:
+    """The ``param_dtype`` of the ``MixedPrecisionPolicy`` FSDP2's ``fully_shard`` put on ``module``; None elsewhere."""
+    get_state = getattr(module, "_get_fsdp_state", None)  # torch.distributed.fsdp.FSDPModule
+    if get_state is None:
+        return None
+    return getattr(getattr(get_state(), "_mp_policy", None), "param_dtype", None)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a sharded (DTensor) tensor; a plain tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _move_grad_to_master(p: torch.Tensor) -> None:

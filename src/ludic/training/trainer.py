@@ -48,7 +48,7 @@ from ludic.training.lora import frozen_bottom_layers
 from ludic.training.objective import SUMMED_STATS, Objective, policy_gradient_objective
 from ludic.tokenization import pad_token_id_for
 from ludic.training.packed import packable
-from ludic.training.precision import MasterWeights, lr_scaled, make_optimizer, make_scheduler
+from ludic.training.precision import MasterWeights, lr_scaled, make_optimizer, make_scheduler, needs_loss_scaling
 from ludic.training.reference import REFERENCE_FILE, ReferencePolicy, adapt_kl
 from ludic.training.keep_best import KeepBest
 from ludic.training.signal import TrainingStopped, batch_signal, lr_scale, no_signal_stop, stop_record
@@ -143,7 +143,7 @@ class Trainer:
             raise ValueError("Trainer: the model has no trainable parameters")
         self.bottom_cache = FrozenBottomCache(model, frozen_bottom_layers(model)) if self.cfg.cache_frozen_bottom else None
         """Outputs of the frozen bottom layers per item (``TrainerConfig.cache_frozen_bottom``)."""
-        self.masters = MasterWeights(params, enabled=self.cfg.master_weights)
+        self.masters = MasterWeights(params, enabled=self.cfg.master_weights, loss_scaling=needs_loss_scaling(model))
         """fp32 master weights of the low-precision trainable parameters (``training.precision``)."""
         self.optimizer = make_optimizer(self.masters.params, self.cfg)
         self.scheduler = make_scheduler(self.optimizer, self.cfg)
