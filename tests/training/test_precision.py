@@ -201,3 +201,58 @@ def test_loss_scaling_follows_the_compute_dtype():
     mixed = torch.nn.Sequential(torch.nn.Linear(4, 4).half(), torch.nn.Linear(4, 4))  # an fp16 base, an fp32 head
     mixed[0].requires_grad_(False)
     assert needs_loss_scaling(mixed)
+
+
+def _nonfinite_stop(trainer, steps):
+    import asyncio
+
+    import pytest
+
+    from ludic.errors import TrainingStopped
+
+    with pytest.raises(TrainingStopped) as stop:
+        asyncio.run(trainer.train(steps))
+    assert stop.value.reason == "nonfinite" and trainer.stopped["reason"] == "nonfinite"
+    return stop.value
+
+
+def test_fp16_a_nan_loss_is_not_an_overflow_and_stops_the_run(tiny_model_dir):
+    """Was: under fp16 a NaN reward's NaN gradient was taken for an overflow: ``skipped_overflow``, the scale
+    halved, and the step never counted toward ``max_nonfinite_steps``, so the run skipped every step forever."""
+    model, tok = _fp16_lora(tiny_model_dir)
+    nan_items = [SAWItem(it.prompt_ids, it.completion_ids, float("nan")) for it in _items()]
+    trainer = Trainer(model, make_sft(), FixedSource(nan_items), TrainerConfig(lr=LR, max_nonfinite_steps=3),
+                      pad_token_id=tok.pad_token_id)
+    adapters = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    stop = _nonfinite_stop(trainer, 10)
+    assert trainer.step == 3 and trainer.nonfinite_streak == 3, (trainer.step, str(stop))
+    assert trainer.masters.scaler.scale == 2.0 ** 16, "a NaN loss lowered the loss scale"
+    assert all(torch.equal(p.detach(), adapters[n]) for n, p in model.named_parameters() if p.requires_grad)
+
+
+def test_fp16_a_gradient_past_fp16_range_at_any_scale_stops_the_run_below_scale_1(tiny_model_dir):
+    """Was: the scale floored at 1 and an overflow never counted: a gradient past fp16's range itself (here an
+    advantage of 1e30: a finite loss, an unscaled gradient no fp16 holds) skipped every step forever. Now the scale
+    goes below 1, and overflows there (the scale cannot help) count toward ``max_nonfinite_steps``."""
+    model, tok = _fp16_lora(tiny_model_dir)
+    huge = [SAWItem(it.prompt_ids, it.completion_ids, 1e30) for it in _items()]
+    trainer = Trainer(model, make_sft(), FixedSource(huge), TrainerConfig(lr=LR, max_nonfinite_steps=3),
+                      pad_token_id=tok.pad_token_id)
+    trainer.masters.scaler.scale = 2.0  # one overflow still the scale's to fix, then three at 1 and below
+    stop = _nonfinite_stop(trainer, 20)
+    assert trainer.step == 4 and trainer.masters.scaler.scale == 0.125, (trainer.step, trainer.masters.scaler.scale)
+    assert "overflow" in str(stop) and "loss scale" in str(stop), str(stop)
+
+
+def test_fp16_a_genuine_overflow_lowers_the_scale_and_recovers_without_stopping(tiny_model_dir):
+    """An overflow the scale fixes (a scale far too high) skips steps without counting toward the stop."""
+    model, tok = _fp16_lora(tiny_model_dir)
+    trainer, items = _trainer(model, tok, max_nonfinite_steps=2)
+    trainer.masters.scaler.scale = 2.0 ** 40
+    skipped = 0
+    for _ in range(40):
+        m = trainer.optimize(items)
+        if not m.get("skipped_overflow"):
+            break
+        skipped += 1
+    assert 2 < skipped < 40 and trainer.nonfinite_streak == 0 and trainer.masters.scaler.scale >= 1.0, skipped
