@@ -101,10 +101,13 @@ class MasterWeights:
         """``loss.backward()``, scaled when fp16 parameters train."""
         (loss if self.scaler is None else loss * self.scaler.scale).backward()
 
-    def unscale_and_check(self) -> bool:
-        """Before clipping: divide the gradients by the loss scale; False when one is not finite
-        (the step is then skipped and the scale lowered). Always True without fp16."""
-        if self.scaler is None:
+    def unscale_and_check(self, loss_finite: bool = True) -> bool:
+        """Before clipping: divide the gradients by the loss scale; False when one is not finite: an
+        overflow (the step is then skipped and the scale lowered; ``scaler.past_range`` says whether the
+        trainer counts it as a non-finite step). Always True without fp16, and for a non-finite loss,
+        which is no overflow (a NaN reward gives one at any scale): the scale stays, and the trainer's
+        own check skips the step and counts it toward ``max_nonfinite_steps``."""
+        if self.scaler is None or not loss_finite:
             return True
         grads = [_local(p.grad) for p in self.params if p.grad is not None]  # FSDP2: this rank's shards
         if grads:
@@ -198,14 +201,23 @@ def _move_grad_to_master(p: torch.Tensor) -> None:
 
 class LossScaler:
     """Dynamic loss scale for fp16 (torch GradScaler's rule): start at 2^16, halve on a non-finite
-    gradient (that step is skipped), double after ``growth_interval`` finite steps in a row."""
+    gradient (that step is skipped), double after ``growth_interval`` finite steps in a row.
 
-    def __init__(self, scale: float = 2.0 ** 16, growth_interval: int = 2000) -> None:
-        self.scale, self.growth_interval, self.good_steps = scale, growth_interval, 0
+    The scale goes below 1 (down to ``min_scale``): a gradient past fp16's range itself still has a
+    chance. An overflow at a scale of 1 or less is ``past_range``: there the unscaled gradient does
+    not fit fp16 (or is not a number), which lowering the scale seldom fixes, so the trainer counts
+    each such skip toward ``max_nonfinite_steps`` and stops a run whose overflows persist. A genuine
+    overflow above 1 lowers the scale and recovers, uncounted. ``state_dict`` goes into checkpoints."""
+
+    def __init__(self, scale: float = 2.0 ** 16, growth_interval: int = 2000, min_scale: float = 2.0 ** -24) -> None:
+        self.scale, self.growth_interval, self.good_steps, self.min_scale = scale, growth_interval, 0, min_scale
+        self.past_range = False
+        """Whether the last update was an overflow at a scale of 1 or less."""
 
     def update(self, finite: bool) -> None:
+        self.past_range = not finite and self.scale <= 1.0
         if not finite:
-            self.scale, self.good_steps = max(self.scale / 2.0, 1.0), 0
+            self.scale, self.good_steps = max(self.scale / 2.0, self.min_scale), 0
             return
         self.good_steps += 1
         if self.good_steps >= self.growth_interval:

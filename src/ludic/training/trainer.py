@@ -51,7 +51,7 @@ from ludic.training.packed import packable
 from ludic.training.precision import MasterWeights, lr_scaled, make_optimizer, make_scheduler, needs_loss_scaling
 from ludic.training.reference import REFERENCE_FILE, ReferencePolicy, adapt_kl
 from ludic.training.keep_best import KeepBest
-from ludic.training.signal import TrainingStopped, batch_signal, lr_scale, no_signal_stop, stop_record
+from ludic.training.signal import TrainingStopped, batch_signal, lr_scale, no_signal_stop, nonfinite_stop, stop_record
 from ludic.types import SAWItem
 
 
@@ -303,10 +303,10 @@ class Trainer:
         all_reduce_grads(self.model, self.optimizer)
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         grad_norm = torch.tensor(0.0)
-        if totals["segments_raw"] > 0 and self.masters.unscale_and_check():  # every rank steps, in lockstep
+        loss = sum_over_ranks({"loss": sums.get("loss", 0.0)}).get("loss", 0.0)  # every rank, in lockstep
+        if totals["segments_raw"] > 0 and self.masters.unscale_and_check(math.isfinite(loss)):  # every rank steps alike
             grads = [p.grad for p in params if p.grad is not None]
             grad_norm = torch.nn.utils.get_total_norm(grads) if grads else grad_norm  # the same on every rank
-            loss = sum_over_ranks({"loss": sums.get("loss", 0.0)}).get("loss", 0.0)
             norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
             if bool(torch.isfinite(norm)) and math.isfinite(loss):
                 torch.nn.utils.clip_grads_with_norm_(params, self.cfg.max_grad_norm, grad_norm)
@@ -322,6 +322,8 @@ class Trainer:
         elif totals["segments_raw"] > 0:  # fp16: the scaled gradients overflowed; the scale was lowered
             grad_norm = torch.tensor(float("inf"))
             metrics["skipped_overflow"] = 1
+            if self.masters.scaler.past_range:  # at a scale of 1 or less: the scale cannot fix it
+                self._nonfinite(metrics, loss, math.inf)
         if self.masters.scaler is not None:
             metrics["loss_scale"] = self.masters.scaler.scale
         self.optimizer.zero_grad(set_to_none=True)
@@ -337,18 +339,13 @@ class Trainer:
         return metrics
 
     def _nonfinite(self, metrics: dict[str, Any], loss: float, grad_norm: float) -> None:
-        """A non-finite loss or gradient norm: no optimizer step (the caller zeroes the gradients),
-        counted; ``max_nonfinite_steps`` in a row raise."""
+        """A non-finite loss or gradient norm, or an fp16 overflow past the scale's reach: no optimizer step (the
+        caller zeroes the gradients), counted; ``max_nonfinite_steps`` in a row raise."""
         self.nonfinite_streak += 1
         self.nonfinite_total += 1
         metrics["nonfinite_skipped"] = 1
         if self.nonfinite_streak >= self.cfg.max_nonfinite_steps:
-            raise TrainingStopped(
-                "nonfinite", f"{self.nonfinite_streak} optimizer steps in a row had a non-finite loss or gradient norm (last: "
-                f"loss {loss}, gradient norm {grad_norm}); the weights are those before them. Likely causes: a "
-                "NaN or infinite reward or advantage (check the env's rewards and rollouts.jsonl), a learning "
-                "rate that made the policy diverge, or fp16 without room in its range. max_nonfinite_steps sets "
-                "the limit.")
+            raise nonfinite_stop(self.nonfinite_streak, loss, grad_norm, self.masters.scaler)
 
     def _streaks(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in ("empty_streak", "nonfinite_streak", "no_signal_streak", "nonfinite_total")}
