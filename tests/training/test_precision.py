@@ -256,3 +256,24 @@ def test_fp16_a_genuine_overflow_lowers_the_scale_and_recovers_without_stopping(
             break
         skipped += 1
     assert 2 < skipped < 40 and trainer.nonfinite_streak == 0 and trainer.masters.scaler.scale >= 1.0, skipped
+
+
+def test_fp16_loss_scale_is_checkpointed_and_resumed(tiny_model_dir, tmp_path):
+    """Was: the loss scale and its count of clean steps were not in the checkpoint: a resumed fp16 run restarted at
+    2^16 (overflowing again from the top) and its growth count at 0."""
+    import asyncio
+
+    def make():
+        model, tok = _fp16_lora(tiny_model_dir)
+        trainer, _ = _trainer(model, tok, checkpoint_every=2)
+        trainer.checkpoint_dir = tmp_path / "ckpt"
+        return trainer
+
+    trainer = make()
+    trainer.masters.scaler.scale = 2.0 ** 10
+    asyncio.run(trainer.train(2))
+    saved = (trainer.masters.scaler.scale, trainer.masters.scaler.good_steps)
+    assert saved == (2.0 ** 10, 2), saved
+    resumed = make()
+    assert resumed.resume() and resumed.step == 2
+    assert (resumed.masters.scaler.scale, resumed.masters.scaler.good_steps) == saved
