@@ -30,7 +30,8 @@ bf16 model (same kernels, same speed, no cast per step):
 
 FSDP2 does the same itself: ``training.fsdp.shard_model`` shards fp32 parameters under a
 ``MixedPrecisionPolicy``; sharded parameters are fp32 here and get no master. Checkpoints store the
-masters (``Trainer.save``), so a resume continues from the fp32 weights, not their rounding.
+masters (``Trainer.save``), so a resume continues from the fp32 weights, not their rounding, and the
+loss scaler's state (``scaler_state``), so a resumed fp16 run continues at its scale.
 
 ``enabled=False`` (``TrainerConfig.master_weights=False``) is pure low-precision training: the
 optimizer updates the bf16 parameters in place, and every update under half an ulp is lost.
@@ -116,6 +117,15 @@ class MasterWeights:
         finite = reduce_floats([float(bad)])[0] == 0  # every rank skips or steps alike
         self.scaler.update(finite)
         return finite
+
+    def scaler_state(self) -> dict[str, float] | None:
+        """The loss scaler's state for a checkpoint (None without fp16)."""
+        return None if self.scaler is None else self.scaler.state_dict()
+
+    def load_scaler_state(self, state: dict[str, float] | None) -> None:
+        """Continue at a checkpoint's loss scale (``scaler_state``); nothing to load, or no fp16, changes nothing."""
+        if self.scaler is not None and state:
+            self.scaler.load_state_dict(state)
 
     @torch.no_grad()
     def to_model(self) -> None:
@@ -222,6 +232,12 @@ class LossScaler:
         self.good_steps += 1
         if self.good_steps >= self.growth_interval:
             self.scale, self.good_steps = self.scale * 2.0, 0
+
+    def state_dict(self) -> dict[str, float]:
+        return {"scale": self.scale, "good_steps": self.good_steps}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.scale, self.good_steps = float(state["scale"]), int(state["good_steps"])
 
 
 def make_optimizer(params: list[Any], cfg: TrainerConfig) -> torch.optim.Optimizer:

@@ -453,7 +453,8 @@ class Trainer:
             return None
         state = {"policy_version": self.policy_version, "algorithm": self.algorithm.name,
                  "trainer_config": asdict(self.cfg), "kl_coef": self.algorithm.loss.kl_coef,
-                 "reference": self.reference.state(), "streaks": self._streaks()}
+                 "reference": self.reference.state(), "streaks": self._streaks(),
+                 "loss_scaler": self.masters.scaler_state()}
         if hasattr(self.source, "state_dict"):
             state["source_state"] = self.source.state_dict()
         path = save_checkpoint(
@@ -486,6 +487,7 @@ class Trainer:
         self.policy_version = int(state.get("policy_version", self.step))
         for k, v in state.get("streaks", {}).items():  # a resumed run stops where the uninterrupted one would
             setattr(self, k, int(v))
+        self.masters.load_scaler_state(state.get("loss_scaler"))  # fp16: the scale and its clean steps
         if "kl_coef" in state and self.cfg.kl_target is not None:  # the adaptive controller's position
             self.algorithm = dataclasses.replace(
                 self.algorithm, loss=dataclasses.replace(self.algorithm.loss, kl_coef=float(state["kl_coef"])))
