@@ -412,13 +412,14 @@ class Trainer:
         self.keeper.best = value
 
     async def evaluate(self) -> dict[str, Any]:
-        """Run the evaluator now; log ``eval/<metric>`` at the current step and track the best."""
+        """Run the evaluator now (under ``cfg.fast_path``); log ``eval/<metric>`` at the current step and track the best."""
         if self.evaluator is None:
             return {}
         was_training = self.model.training
         self.model.eval()
         try:
-            result = dict(await self.evaluator())
+            with fastpath.scoped(self.cfg.fast_path):
+                result = dict(await self.evaluator())
         finally:
             self.model.train(was_training)
         out = {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
