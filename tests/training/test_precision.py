@@ -277,3 +277,30 @@ def test_fp16_loss_scale_is_checkpointed_and_resumed(tiny_model_dir, tmp_path):
     resumed = make()
     assert resumed.resume() and resumed.step == 2
     assert (resumed.masters.scaler.scale, resumed.masters.scaler.good_steps) == saved
+
+
+def test_weights_loaded_into_a_bf16_model_mid_run_become_the_masters(tiny_model_dir):
+    """Was: weights loaded into a bf16 model under a live trainer (``load_state_dict``, ``load_model_weights``) were
+    silently overwritten at the next step by the rounding of the old fp32 masters, and a checkpoint or keep-best
+    snapshot taken before it stored the old masters. Now the trainer takes the loaded weights as masters, warning."""
+    import pytest
+
+    model, tok, w = _bf16_model_one_trainable(tiny_model_dir)
+    trainer, items = _trainer(model, tok)
+    trainer.optimize(items)
+    (name,) = [n for n, p in model.named_parameters() if p is w]
+    g = torch.Generator().manual_seed(2)
+    loaded = (-1.0 - torch.rand(w.shape, generator=g)).to(torch.bfloat16)  # far from the weights trained so far
+    model.load_state_dict({name: loaded}, strict=False)
+    with pytest.warns(UserWarning, match="changed outside the trainer"):
+        saved = trainer.masters.state_dict(model)[name]  # what a checkpoint / keep-best would store now
+    assert torch.equal(saved.to(torch.bfloat16), loaded), "a checkpoint would hold the old masters"
+    trainer.optimize(items)  # one step of LR from the loaded weights, not back to the old ones
+    assert float((w.detach().float() - loaded.float()).abs().max()) < 0.02, "the loaded weights were discarded"
+    (master,) = trainer.masters.params
+    assert torch.equal(w.detach(), master.detach().to(torch.bfloat16))
+    # a load right before a step (no checkpoint between) is caught too
+    model.load_state_dict({name: loaded}, strict=False)
+    with pytest.warns(UserWarning, match="changed outside the trainer"):
+        trainer.optimize(items)
+    assert float((w.detach().float() - loaded.float()).abs().max()) < 0.02, "the loaded weights were discarded"
