@@ -300,7 +300,15 @@ def test_weights_loaded_into_a_bf16_model_mid_run_become_the_masters(tiny_model_
     (master,) = trainer.masters.params
     assert torch.equal(w.detach(), master.detach().to(torch.bfloat16))
     # a load right before a step (no checkpoint between) is caught too
-    model.load_state_dict({name: loaded}, strict=False)
+    again = (1.0 + torch.rand(w.shape, generator=g)).to(torch.bfloat16)
+    model.load_state_dict({name: again}, strict=False)
     with pytest.warns(UserWarning, match="changed outside the trainer"):
         trainer.optimize(items)
-    assert float((w.detach().float() - loaded.float()).abs().max()) < 0.02, "the loaded weights were discarded"
+    assert float((w.detach().float() - again.float()).abs().max()) < 0.02, "the loaded weights were discarded"
+    # loading what the model already holds (its masters' rounding) changes nothing and says nothing
+    model.load_state_dict({name: w.detach().clone()}, strict=False)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert trainer.masters.sync() == 0

@@ -22,6 +22,12 @@ bf16 model (same kernels, same speed, no cast per step):
 - a parameter has one master, shared by every Trainer built on the model (a format SFT's and the RL
   Trainer built before it, in ``ludic train env``): each steps from where the other left the weights. A
   new Trainer takes a parameter's weights afresh when something else changed them since (a load);
+- weights loaded into the model under a live Trainer (``model.load_state_dict``, ``load_model_weights``,
+  anything that writes a parameter in place or replaces its data) become the masters, with a warning
+  (``sync``: before each optimizer step, and before masters are saved or snapshotted), instead of being
+  overwritten by the old masters' rounding at the next step. AdamW's moments are kept. A parameter is
+  checked by its version counter and storage, so a step where nothing was loaded compares nothing.
+  (``Trainer.resume`` loads a checkpoint's own masters.)
 - fp16 (GPUs without bf16: ``--dtype auto`` picks it there) also scales the loss (``backward``)
   dynamically, as torch's GradScaler does: gradients that overflow skip the step and halve the scale,
   2000 clean steps double it. The scaler follows the dtype the forward and backward compute in
@@ -85,6 +91,7 @@ class MasterWeights:
             if master is None or not torch.equal(master.detach().to(p.dtype), p.detach()):
                 master = torch.nn.Parameter(p.detach().to(torch.float32, copy=True))
             p._ludic_master = master  # type: ignore[attr-defined]  # read by the hook (one hook per parameter)
+            _mark_synced(p)
             if not getattr(p, "_ludic_master_hook", False):
                 p.register_post_accumulate_grad_hook(_move_grad_to_master)
                 p._ludic_master_hook = True  # type: ignore[attr-defined]
@@ -102,12 +109,14 @@ class MasterWeights:
         """``loss.backward()``, scaled when fp16 parameters train."""
         (loss if self.scaler is None else loss * self.scaler.scale).backward()
 
-    def unscale_and_check(self, loss_finite: bool = True) -> bool:
-        """Before clipping: divide the gradients by the loss scale; False when one is not finite: an
+    def before_step(self, loss_finite: bool = True) -> bool:
+        """Before clipping and the optimizer step: ``sync`` (take weights loaded into the model since the last
+        step as masters), then divide the gradients by the loss scale; False when one is not finite: an
         overflow (the step is then skipped and the scale lowered; ``scaler.past_range`` says whether the
         trainer counts it as a non-finite step). Always True without fp16, and for a non-finite loss,
         which is no overflow (a NaN reward gives one at any scale): the scale stays, and the trainer's
         own check skips the step and counts it toward ``max_nonfinite_steps``."""
+        self.sync()
         if self.scaler is None or not loss_finite:
             return True
         grads = [_local(p.grad) for p in self.params if p.grad is not None]  # FSDP2: this rank's shards
@@ -132,15 +141,44 @@ class MasterWeights:
         """Round the masters into the model's parameters (after an optimizer step)."""
         if self.pairs:
             torch._foreach_copy_([p for p, _ in self.pairs], [m for _, m in self.pairs])
+            for p, _ in self.pairs:
+                _mark_synced(p)
 
     @torch.no_grad()
     def from_model(self) -> None:
         """Take the model's parameters as the masters (after weights were loaded into the model)."""
         if self.pairs:
             torch._foreach_copy_([m for _, m in self.pairs], [p.detach() for p, _ in self.pairs])
+            for p, _ in self.pairs:
+                _mark_synced(p)
+
+    @torch.no_grad()
+    def sync(self) -> int:
+        """Take as masters the model's weights that something other than ``to_model`` wrote since (a load into
+        the model mid-run), warning: else the next step would round the old masters back over them. Returns
+        how many parameters changed. Cheap when nothing was loaded: only written parameters are compared."""
+        changed = []
+        for p, m in self.pairs:
+            if getattr(p, "_ludic_synced", None) == _write_mark(p):
+                continue
+            if not torch.equal(m.detach().to(p.dtype), p.detach()):  # written, and not with the masters' rounding
+                m.copy_(p.detach())
+                changed.append(p)
+            _mark_synced(p)
+        if changed:
+            import warnings
+
+            warnings.warn(
+                f"{len(changed)} trainable {changed[0].dtype} parameter(s) were changed outside the trainer since its last "
+                "step (weights loaded into the model: load_state_dict, load_model_weights?); their fp32 master weights "
+                "now take the loaded values (AdamW's moments are kept). Trainer.resume loads a checkpoint with its masters.",
+                stacklevel=3)
+        return len(changed)
 
     def state_dict(self, model: Any) -> dict[str, torch.Tensor]:
-        """``{parameter name: fp32 master}`` (names as in ``model.named_parameters()``)."""
+        """``{parameter name: fp32 master}`` (names as in ``model.named_parameters()``), weights loaded into the
+        model since the last step taken first (``sync``)."""
+        self.sync()
         names = {id(p): n for n, p in model.named_parameters()}
         return {names[id(p)]: m.detach() for p, m in self.pairs if id(p) in names}
 
@@ -195,6 +233,17 @@ def _fsdp_param_dtype(module: Any) -> Any:
 def _local(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of a sharded (DTensor) tensor; a plain tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _write_mark(p: torch.Tensor) -> tuple[int, int]:
+    """What changes when ``p`` is written: its version counter (in-place writes: ``copy_``, ``load_state_dict``)
+    and its storage (``p.data = ...``)."""
+    return p._version, p.data_ptr()
+
+
+def _mark_synced(p: torch.Tensor) -> None:
+    """Record that ``p`` holds its master's rounding (``MasterWeights.sync`` compares nothing until it is written)."""
+    p._ludic_synced = _write_mark(p)  # type: ignore[attr-defined]
 
 
 def _move_grad_to_master(p: torch.Tensor) -> None:

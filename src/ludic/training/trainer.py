@@ -59,7 +59,8 @@ class Trainer:
     """Optimises ``model`` on batches from ``batch_source`` with ``algorithm``'s loss.
 
     Args:
-        model: HF causal LM (peft-wrapped for LoRA); trainable params are those with requires_grad.
+        model: HF causal LM (peft-wrapped for LoRA); trainable params are those with requires_grad. Weights loaded
+            into it mid-run become the fp32 masters of a bf16 / fp16 model, with a warning (``precision.MasterWeights.sync``).
         algorithm: credit + loss (the batch source applies the credit).
         batch_source: ``async next_batch() -> SAWBatch``.
         config: TrainerConfig.
@@ -304,7 +305,7 @@ class Trainer:
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         grad_norm = torch.tensor(0.0)
         loss = sum_over_ranks({"loss": sums.get("loss", 0.0)}).get("loss", 0.0)  # every rank, in lockstep
-        if totals["segments_raw"] > 0 and self.masters.unscale_and_check(math.isfinite(loss)):  # every rank steps alike
+        if totals["segments_raw"] > 0 and self.masters.before_step(math.isfinite(loss)):  # every rank steps alike
             grads = [p.grad for p in params if p.grad is not None]
             grad_norm = torch.nn.utils.get_total_norm(grads) if grads else grad_norm  # the same on every rank
             norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
