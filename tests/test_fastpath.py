@@ -206,3 +206,70 @@ def test_one_optimizer_step_fast_against_stock(packaged_lora, dtype, tol):
     num = sum(float((uf[k] - us[k]).norm() ** 2) for k in uf) ** 0.5
     den = sum(float(us[k].norm() ** 2) for k in us) ** 0.5
     assert den > 0 and num / den <= (1e-3 if dtype == "float32" else tol), num / den
+
+
+# --------------------------------------------------------------- the switch reaches every evaluation
+
+
+class _Items:
+    def __init__(self, items):
+        self.items = items
+
+    async def next_batch(self):
+        from ludic.types import SAWBatch
+
+        return SAWBatch(items=list(self.items), meta={})
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_trainer_evaluations_run_under_the_trainers_fast_path_switch(tiny_model_dir, monkeypatch, on):
+    """Was: ``TrainerConfig.fast_path=False`` turned the fast path off for the steps only: ``Trainer.evaluate`` (the
+    evaluations every ``eval_every`` steps, keep-best's start) ran the evaluator through the fast path."""
+    import asyncio
+
+    from ludic.training.algorithms import make_sft
+    from ludic.training.trainer import Trainer, TrainerConfig
+
+    monkeypatch.delenv(fastpath.ENV, raising=False)
+    model, tok = load_policy(str(tiny_model_dir), dtype="float32")
+    seen = []
+
+    async def evaluator():
+        seen.append(fastpath.enabled("cpu"))
+        return {"success_rate": 0.5}
+
+    items = [SAWItem((5, 6, 7, 8), (9, 10), 1.0)]
+    trainer = Trainer(model, make_sft(), _Items(items), TrainerConfig(lr=1e-4, fast_path=on),
+                      pad_token_id=tok.pad_token_id, evaluator=evaluator, eval_every=1, keep_best="success_rate")
+    asyncio.run(trainer.train(1))  # the start (keep_best), then step 1
+    asyncio.run(trainer.evaluate())
+    assert seen == [on] * 3
+    assert fastpath.enabled("cpu")  # the trainer's switch does not outlive its calls
+
+
+def test_ludic_train_fast_path_false_reaches_every_evaluation(tiny_model_dir, tmp_path, monkeypatch):
+    """Was: ``ludic.train(..., fast_path=False)`` turned it off inside the trainer's steps only: the base, format-demo
+    and trained evaluations (and the format demos' rollouts) ran through the fast path; only the CLI's config parsing
+    turned the process off. Every episode the env plays now sees the switch off."""
+    import ludic
+    from ludic import SingleAgentEnv, StepOutcome
+
+    monkeypatch.delenv(fastpath.ENV, raising=False)
+    seen = []
+
+    class SwitchEnv(SingleAgentEnv):
+        def env_reset(self, seed=None):
+            seen.append(fastpath.enabled("cpu"))
+            return "Say yes.", {}
+
+        def env_step(self, action):
+            return StepOutcome("done", 1.0 if "yes" in action else 0.0, terminated=True,
+                               info={"success": 1.0 if "yes" in action else 0.0})
+
+    out = ludic.train(SwitchEnv, model=str(tiny_model_dir), format_demos=lambda obs: "yes", fast_path=False,
+                      run_dir=str(tmp_path / "run"), train_steps=1, eval_episodes=2, val_episodes=2, eval_every=1,
+                      group_size=2, prompts_per_step=2, max_completion_tokens=4, format_demo_steps=1,
+                      logger="none", dtype="float32")
+    assert {"base", "format_demos", "trained"} <= set(out.results)
+    assert seen and not any(seen), f"{sum(seen)} of {len(seen)} episodes ran with the fast path on"
+    assert fastpath.enabled("cpu")  # ludic.train's switch does not outlive the call

@@ -212,3 +212,50 @@ def test_fsdp2_shards_a_bf16_model_as_fp32_masters_computing_in_bf16(tiny_model_
     assert out["compute"] == "torch.bfloat16" and out["saved"] == "torch.float32"
     assert not out["masters_active"]  # FSDP's fp32 shards are the masters: no second copy
     assert out["sub_ulp_moved"] > 0.3, out
+
+
+FP16_WORKER = '''
+import json, sys
+import torch
+from ludic.distributed import exit_worker, init_distributed, is_rank0, shutdown_distributed
+from ludic.training.algorithms import make_sft
+from ludic.training.fsdp import shard_model
+from ludic.training.lora import load_policy
+from ludic.training.trainer import Trainer, TrainerConfig
+from ludic.types import SAWBatch, SAWItem
+
+class Source:
+    async def next_batch(self):
+        return SAWBatch(items=ITEMS, meta={})
+
+rank, world = init_distributed()
+model, tok = load_policy(sys.argv[1], dtype="float16")
+model = shard_model(model)  # auto: fp16 compute over fp32 shards (MixedPrecisionPolicy(param_dtype=fp16))
+g = torch.Generator().manual_seed(0)
+ITEMS = [SAWItem(tuple(torch.randint(5, 500, (8,), generator=g).tolist()),
+                 tuple(torch.randint(5, 500, (4,), generator=g).tolist()), 1.0) for _ in range(4)][rank::world]
+trainer = Trainer(model, make_sft(), Source(), TrainerConfig(lr=1e-4, max_grad_norm=1e9), pad_token_id=tok.pad_token_id)
+out = {"shards": sorted({str(p.dtype) for p in model.parameters()}), "scaler": trainer.masters.scaler is not None}
+if out["scaler"]:
+    m = trainer.optimize(ITEMS)
+    out["first"] = {k: m.get(k) for k in ("loss_scale", "skipped_overflow", "grad_norm")}
+    trainer.masters.scaler.scale = 1e30  # every rank overflows in its shard of the gradients: all skip, in lockstep
+    m = trainer.optimize(ITEMS)
+    out["overflow"] = {k: m.get(k) for k in ("loss_scale", "skipped_overflow")}
+if is_rank0():
+    print(json.dumps(out))
+shutdown_distributed()
+exit_worker()
+'''
+
+
+def test_fsdp2_fp16_mixed_precision_scales_the_loss(tiny_model_dir, tmp_path):
+    """Was: FSDP2 shards an fp16 model as fp32 parameters computing in fp16, and the loss scaler, decided by the
+    trainable parameters' dtype (fp32 shards), was never made: fp16 backward without loss scaling."""
+    script = tmp_path / "fp16_worker.py"
+    script.write_text(FP16_WORKER)
+    out = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                str(script), str(tiny_model_dir)], OMP_NUM_THREADS="1")
+    assert out["shards"] == ["torch.float32"] and out["scaler"], out
+    assert out["first"]["loss_scale"] == 2.0 ** 16 and out["first"]["skipped_overflow"] is None, out
+    assert out["overflow"] == {"loss_scale": 5e29, "skipped_overflow": 1}, out

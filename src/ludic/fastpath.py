@@ -17,7 +17,9 @@ Off, everything goes through the stock code: transformers' forward with its dyna
     LUDIC_FAST_PATH=0                    the environment, for any command or script
     --no-fast-path                       a training command's flag (``TrainerConfig.fast_path``;
                                          ``RecipeConfig.fast_path`` for ``ludic recipe tictactoe``)
-    with fastpath.scoped(False): ...     a block of Python code (the Trainer wraps its steps in it)
+    ludic.train(..., fast_path=False)    the Python API: the whole run, its evaluations included
+    with fastpath.scoped(False): ...     a block of Python code (the Trainer wraps its steps and
+                                         ``evaluate`` in it, per ``TrainerConfig.fast_path``)
 
 Switching off always wins: the fast path runs only where nothing turned it off. Even on, each piece
 runs only on the device it was written and measured for, the CPU: a CUDA run goes through the stock

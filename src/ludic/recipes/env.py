@@ -143,13 +143,22 @@ def train(env: Any, *, model: str | None = None, format_demos: Any = None, **ove
     cfg.env, cfg.trainer = replace(env_cfg, **env_over), trainer_cfg
     if model is not None:
         cfg.model = model
-    return asyncio.run(_train(cfg, format_demos if format_demos is not None else (cfg.format_demos or None)))
+    return _run_train(cfg, format_demos if format_demos is not None else (cfg.format_demos or None))
 
 
 def train_env(cfg: TrainEnvConfig) -> dict[str, Any]:
     """``ludic train env``."""
-    result = asyncio.run(_train(cfg, cfg.format_demos or None))
+    result = _run_train(cfg, cfg.format_demos or None)
     return {**result.results, "run_dir": str(result.run_dir)}
+
+
+def _run_train(cfg: TrainEnvConfig, teacher: Any) -> TrainResult:
+    """The run, under ``cfg.trainer.fast_path`` throughout: every evaluation and the format demos too, not only
+    the trainer's steps (``ludic.train(fast_path=False)`` has no CLI parsing to turn the process off)."""
+    from ludic import fastpath
+
+    with fastpath.scoped(cfg.trainer.fast_path):
+        return asyncio.run(_train(cfg, teacher))
 
 
 async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:

@@ -17,7 +17,8 @@ ranks, so the update equals single-process training on the global batch
 
 Mixed precision: the model's dtype (``--dtype``) is the compute dtype. A bf16 model is sharded as
 fp32 parameters under ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: fp32 masters
-and optimizer state, bf16 forward and backward, fp32 gradient reduction (``shard_model``).
+and optimizer state, bf16 forward and backward, fp32 gradient reduction (``shard_model``). An fp16 model
+likewise computes in fp16 over fp32 shards, and the trainer scales its loss (``precision.needs_loss_scaling``).
 
 Weights leave a sharded model through ``full_state_dict`` (every rank takes
 part in the gather; rank 0 gets the full tensors, with LoRA deltas merged when

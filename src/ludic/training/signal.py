@@ -84,6 +84,19 @@ def no_signal_stop(streak: int, metrics: dict[str, Any]) -> TrainingStopped:
     return TrainingStopped("no_signal", no_signal_message(streak, metrics))
 
 
+def nonfinite_stop(streak: int, loss: float, grad_norm: float, scaler: Any = None) -> TrainingStopped:
+    """The stop after ``streak`` optimizer steps in a row skipped as non-finite (``max_nonfinite_steps``); under
+    fp16, ``scaler`` (``precision.LossScaler``) says whether the last was an overflow at its floor."""
+    last = (f", the last an fp16 overflow at loss scale {scaler.scale * 2:g} (1 or less: the unscaled gradient itself is "
+            "past fp16's range, which no scale fixes)" if scaler is not None and scaler.past_range else "")
+    return TrainingStopped(
+        "nonfinite", f"{streak} optimizer steps in a row had a non-finite loss or gradient norm{last} (last: loss {loss}, "
+        f"gradient norm {grad_norm}); the weights are those before them. "
+        "Likely causes: a NaN or infinite reward or advantage (check the env's rewards and rollouts.jsonl), a "
+        "learning rate that made the policy diverge, or fp16 without room in its range (bf16 or fp32 have it). "
+        "max_nonfinite_steps sets the limit.")
+
+
 def stop_record(exc: BaseException, step: int) -> dict[str, Any]:
     """``Trainer.stopped``: ``{"reason", "failed", "step", "message"}`` for a stop by ``exc`` at ``step``
     (``interrupted`` for Ctrl-C or a cancelled task, ``error`` for any other exception)."""

@@ -48,10 +48,10 @@ from ludic.training.lora import frozen_bottom_layers
 from ludic.training.objective import SUMMED_STATS, Objective, policy_gradient_objective
 from ludic.tokenization import pad_token_id_for
 from ludic.training.packed import packable
-from ludic.training.precision import MasterWeights, lr_scaled, make_optimizer, make_scheduler
+from ludic.training.precision import MasterWeights, lr_scaled, make_optimizer, make_scheduler, needs_loss_scaling
 from ludic.training.reference import REFERENCE_FILE, ReferencePolicy, adapt_kl
 from ludic.training.keep_best import KeepBest
-from ludic.training.signal import TrainingStopped, batch_signal, lr_scale, no_signal_stop, stop_record
+from ludic.training.signal import TrainingStopped, batch_signal, lr_scale, no_signal_stop, nonfinite_stop, stop_record
 from ludic.types import SAWItem
 
 
@@ -59,7 +59,8 @@ class Trainer:
     """Optimises ``model`` on batches from ``batch_source`` with ``algorithm``'s loss.
 
     Args:
-        model: HF causal LM (peft-wrapped for LoRA); trainable params are those with requires_grad.
+        model: HF causal LM (peft-wrapped for LoRA); trainable params are those with requires_grad. Weights loaded
+            into it mid-run become the fp32 masters of a bf16 / fp16 model, with a warning (``precision.MasterWeights.sync``).
         algorithm: credit + loss (the batch source applies the credit).
         batch_source: ``async next_batch() -> SAWBatch``.
         config: TrainerConfig.
@@ -143,7 +144,7 @@ class Trainer:
             raise ValueError("Trainer: the model has no trainable parameters")
         self.bottom_cache = FrozenBottomCache(model, frozen_bottom_layers(model)) if self.cfg.cache_frozen_bottom else None
         """Outputs of the frozen bottom layers per item (``TrainerConfig.cache_frozen_bottom``)."""
-        self.masters = MasterWeights(params, enabled=self.cfg.master_weights)
+        self.masters = MasterWeights(params, enabled=self.cfg.master_weights, loss_scaling=needs_loss_scaling(model))
         """fp32 master weights of the low-precision trainable parameters (``training.precision``)."""
         self.optimizer = make_optimizer(self.masters.params, self.cfg)
         self.scheduler = make_scheduler(self.optimizer, self.cfg)
@@ -303,10 +304,10 @@ class Trainer:
         all_reduce_grads(self.model, self.optimizer)
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         grad_norm = torch.tensor(0.0)
-        if totals["segments_raw"] > 0 and self.masters.unscale_and_check():  # every rank steps, in lockstep
+        loss = sum_over_ranks({"loss": sums.get("loss", 0.0)}).get("loss", 0.0)  # every rank, in lockstep
+        if totals["segments_raw"] > 0 and self.masters.before_step(math.isfinite(loss)):  # every rank steps alike
             grads = [p.grad for p in params if p.grad is not None]
             grad_norm = torch.nn.utils.get_total_norm(grads) if grads else grad_norm  # the same on every rank
-            loss = sum_over_ranks({"loss": sums.get("loss", 0.0)}).get("loss", 0.0)
             norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
             if bool(torch.isfinite(norm)) and math.isfinite(loss):
                 torch.nn.utils.clip_grads_with_norm_(params, self.cfg.max_grad_norm, grad_norm)
@@ -322,6 +323,8 @@ class Trainer:
         elif totals["segments_raw"] > 0:  # fp16: the scaled gradients overflowed; the scale was lowered
             grad_norm = torch.tensor(float("inf"))
             metrics["skipped_overflow"] = 1
+            if self.masters.scaler.past_range:  # at a scale of 1 or less: the scale cannot fix it
+                self._nonfinite(metrics, loss, math.inf)
         if self.masters.scaler is not None:
             metrics["loss_scale"] = self.masters.scaler.scale
         self.optimizer.zero_grad(set_to_none=True)
@@ -337,18 +340,13 @@ class Trainer:
         return metrics
 
     def _nonfinite(self, metrics: dict[str, Any], loss: float, grad_norm: float) -> None:
-        """A non-finite loss or gradient norm: no optimizer step (the caller zeroes the gradients),
-        counted; ``max_nonfinite_steps`` in a row raise."""
+        """A non-finite loss or gradient norm, or an fp16 overflow past the scale's reach: no optimizer step (the
+        caller zeroes the gradients), counted; ``max_nonfinite_steps`` in a row raise."""
         self.nonfinite_streak += 1
         self.nonfinite_total += 1
         metrics["nonfinite_skipped"] = 1
         if self.nonfinite_streak >= self.cfg.max_nonfinite_steps:
-            raise TrainingStopped(
-                "nonfinite", f"{self.nonfinite_streak} optimizer steps in a row had a non-finite loss or gradient norm (last: "
-                f"loss {loss}, gradient norm {grad_norm}); the weights are those before them. Likely causes: a "
-                "NaN or infinite reward or advantage (check the env's rewards and rollouts.jsonl), a learning "
-                "rate that made the policy diverge, or fp16 without room in its range. max_nonfinite_steps sets "
-                "the limit.")
+            raise nonfinite_stop(self.nonfinite_streak, loss, grad_norm, self.masters.scaler)
 
     def _streaks(self) -> dict[str, int]:
         return {k: getattr(self, k) for k in ("empty_streak", "nonfinite_streak", "no_signal_streak", "nonfinite_total")}
@@ -415,13 +413,14 @@ class Trainer:
         self.keeper.best = value
 
     async def evaluate(self) -> dict[str, Any]:
-        """Run the evaluator now; log ``eval/<metric>`` at the current step and track the best."""
+        """Run the evaluator now (under ``cfg.fast_path``); log ``eval/<metric>`` at the current step and track the best."""
         if self.evaluator is None:
             return {}
         was_training = self.model.training
         self.model.eval()
         try:
-            result = dict(await self.evaluator())
+            with fastpath.scoped(self.cfg.fast_path):
+                result = dict(await self.evaluator())
         finally:
             self.model.train(was_training)
         out = {f"eval/{k}": v for k, v in result.items() if isinstance(v, (int, float))}
@@ -456,7 +455,8 @@ class Trainer:
             return None
         state = {"policy_version": self.policy_version, "algorithm": self.algorithm.name,
                  "trainer_config": asdict(self.cfg), "kl_coef": self.algorithm.loss.kl_coef,
-                 "reference": self.reference.state(), "streaks": self._streaks()}
+                 "reference": self.reference.state(), "streaks": self._streaks(),
+                 "loss_scaler": self.masters.scaler_state()}
         if hasattr(self.source, "state_dict"):
             state["source_state"] = self.source.state_dict()
         path = save_checkpoint(
@@ -489,6 +489,7 @@ class Trainer:
         self.policy_version = int(state.get("policy_version", self.step))
         for k, v in state.get("streaks", {}).items():  # a resumed run stops where the uninterrupted one would
             setattr(self, k, int(v))
+        self.masters.load_scaler_state(state.get("loss_scaler"))  # fp16: the scale and its clean steps
         if "kl_coef" in state and self.cfg.kl_target is not None:  # the adaptive controller's position
             self.algorithm = dataclasses.replace(
                 self.algorithm, loss=dataclasses.replace(self.algorithm.loss, kl_coef=float(state["kl_coef"])))
