@@ -34,6 +34,7 @@ from typing import Any
 from ludic.recipes.blocks import ModelBlock, RunBlock, load_policy_for
 from ludic.tictactoe.prompts import ColdStartBlock
 from ludic.recipes.common import Clock, machine
+from ludic.tictactoe.recipe_eval import Evaluator, load_trainable_state, trainable_state
 
 CALIBRATION_STEPS = 6
 """SFT steps timed before the step count is fitted to the budget (their median, the first left out)."""
@@ -46,6 +47,12 @@ ANSWER_TOKENS = {"cell": 4, "move": 12, "kind": 20, "think": 40}
 class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     """Cold start + RL recipe for tic-tac-toe on the packaged SmolLM2-135M-Instruct."""
 
+    teacher: str = "solver"
+    """solver: SFT on the solver's move on every position it can face, then RL polishes (imitation first);
+    none: rewards only: no good move shown anywhere, a format cold start on uniformly random legal cells
+    (``cold_start_epochs``), then RL from the solver's scores of the policy's own samples."""
+    cold_start_epochs: float = 1.0
+    """--teacher none: passes over the random-cell records (4 random legal cells per position) in the cold start."""
     budget_minutes: float = 27.0
     """Wall-time budget of the whole recipe, evaluations included: SFT and RL steps are set
     from the step times measured in this run (0: use --sft-steps / --rl-rounds as given)."""
@@ -116,7 +123,7 @@ def recipe(cfg: RecipeConfig) -> dict[str, Any]:
 async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.config import dump_config
     from ludic.data.offline import OfflineBatchSource, sft_item
-    from ludic.tictactoe.synth import teacher_position_records, teacher_positions
+    from ludic.tictactoe.synth import random_cell_records, teacher_position_records, teacher_positions
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.tictactoe.position_rl import PositionGRPO, PositionRLConfig, View
     from ludic.training.algorithms import make_sft
@@ -127,6 +134,10 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
 
     if cfg.answer not in ANSWER_TOKENS:
         raise ValueError(f"--answer must be one of {sorted(ANSWER_TOKENS)}, got {cfg.answer!r}")
+    if cfg.teacher not in ("solver", "none"):
+        raise ValueError(f"--teacher must be solver or none, got {cfg.teacher!r}")
+    if cfg.teacher == "none" and cfg.answer not in ("cell", "move"):
+        raise ValueError(f"--teacher none answers with a bare cell or <move>: --answer cell or move, not {cfg.answer!r}")
     logger_names(cfg.logger)  # a typo fails now, not after the base evaluation
     if not cfg.system_prompt:
         raise ValueError("--system-prompt must be non-empty (an empty one would fall back to the env's long rules)")
@@ -146,10 +157,17 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         await ev.evaluate("base")
         clock.add("eval_base", time.perf_counter() - t0)
 
-    # ------------------------------------------------------------------ 1. teacher data
+    # ------------------------------------------------------------------ 1. teacher data (or random cells)
     t0 = time.perf_counter()
-    records = teacher_position_records(cfg.system_prompt, compact=cfg.compact, style=cfg.answer,
-                                       show_moves=cfg.show_moves)
+    if cfg.teacher == "solver":
+        records = teacher_position_records(cfg.system_prompt, compact=cfg.compact, style=cfg.answer,
+                                           show_moves=cfg.show_moves)
+    else:  # rewards only: the format, no strategy
+        records = random_cell_records(cfg.system_prompt, compact=cfg.compact, style=cfg.answer,
+                                      show_moves=cfg.show_moves, seed=cfg.seed)
+    (run_dir / "sft").mkdir(exist_ok=True)
+    with open(run_dir / "sft" / "records.jsonl", "w") as f:  # exactly what SFT trains on
+        f.writelines(json.dumps(r) + "\n" for r in records)
     items = [sft_item(r, tok) for r in records]
     clock.add("datagen", time.perf_counter() - t0)
     prompt_tokens = sum(len(i.prompt_ids) for i in items) / len(items)
@@ -166,7 +184,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     print(f"[recipe] SFT trains {trainable / 1e6:.1f}M parameters ({frozen} of {n_layers} layers "
           f"{'and the embeddings ' if frozen else ''}frozen)", flush=True)
     source = OfflineBatchSource(items, cfg.sft_batch_size, seed=cfg.seed)
-    fixed = cfg.sft_steps or math.ceil(cfg.sft_epochs * len(items) / cfg.sft_batch_size)
+    epochs = cfg.sft_epochs if cfg.teacher == "solver" else cfg.cold_start_epochs
+    fixed = cfg.sft_steps or math.ceil(epochs * len(items) / cfg.sft_batch_size)
     tcfg = TrainerConfig(lr=cfg.sft_lr, lr_schedule="cosine", micro_token_budget=cfg.micro_token_budget,
                          total_steps=fixed, warmup_steps=3, cache_frozen_bottom=frozen > 0)
     trainer = Trainer(model, make_sft(), source, tcfg, checkpoint_dir=None, tokenizer=tok,
@@ -198,7 +217,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
             curve_at = curve_steps(steps)
             sft_logger.log(step, {"planned_steps": steps})
             print(f"[recipe] SFT: {per_step:.2f} s/step -> {steps} steps "
-                  f"({steps * cfg.sft_batch_size / len(items):.1f} of {cfg.sft_epochs:g} epochs; at most "
+                  f"({steps * cfg.sft_batch_size / len(items):.1f} of {epochs:g} epochs; at most "
                   f"{sft_budget / 60:.1f} min)", flush=True)
         if step in curve_at:
             t0 = time.perf_counter()
@@ -270,7 +289,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     await ev.evaluate("rl", kept)
     clock.add("eval_rl", time.perf_counter() - t0)
 
-    report = {"results": ev.stage_results, "seconds": clock.seconds, "total_seconds": clock.elapsed(),
+    report = {"teacher": cfg.teacher, "results": ev.stage_results, "seconds": clock.seconds, "total_seconds": clock.elapsed(),
               "budget_seconds": clock.budget_s, "sft_steps": step, "sft_epochs": step * cfg.sft_batch_size / len(items),
               "rl_steps": rl.steps, "rl_kept_step": kept, "rl_last_round": last_round, "rl_stopped": stopped,
               "precision": precision(model, cfg), "sft_records": len(items), "prompt_tokens": prompt_tokens,
@@ -283,26 +302,6 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     return report
 
 
-class StageEval:
-    """One stage's exact evaluation: metrics per opponent and teacher positions, and the wrong
-    decisions: ``focus`` (met against minimax: each one loses games the metric counts) and
-    ``pool`` (met against random, or among the teacher positions)."""
-
-    def __init__(self, metrics: dict[str, dict[str, float]], focus: list, pool: list) -> None:
-        self.metrics, self.focus, self.pool = metrics, focus, pool
-
-    def score(self) -> tuple[float, float, float]:
-        """What RL maximises, in order: exact non-loss against minimax, then value-preserving and
-        legal moves on the teacher positions (the rounds' checkpoints are compared by it)."""
-        tp = self.metrics["teacher_positions"]
-        return self.metrics["minimax"]["non_loss_rate"], tp["value_preserving_rate"], tp["legal_rate"]
-
-
-def trainable_state(model: Any) -> dict[str, Any]:
-    """A copy of the trainable parameters (the RL adapter): a checkpoint in memory."""
-    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-
-
 def precision(model: Any, cfg: RecipeConfig) -> dict[str, str]:
     """The compute dtype ``--dtype`` resolved to, how each stage kept its weights, and the fast path."""
     from ludic import fastpath
@@ -313,79 +312,6 @@ def precision(model: Any, cfg: RecipeConfig) -> dict[str, str]:
             "sft": f"{dtype} compute, fp32 master weights and AdamW state" if low else "float32",
             "rl": f"{dtype} compute, fp32 LoRA adapters and AdamW state" if low else "float32",
             "evaluated_in": dtype, "fast_path": fastpath.describe()}
-
-
-def load_trainable_state(model: Any, state: dict[str, Any]) -> None:
-    import torch
-
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for n, value in state.items():
-            params[n].copy_(value)
-
-
-class Evaluator:
-    """Exact evaluations (vs minimax and random, both seats) and the teacher-position sweep,
-    recorded for the report: ``stage_results[stage]`` and the ``curve`` of points over time."""
-
-    def __init__(self, client: Any, view: Any, teacher: list, run_dir: Path) -> None:
-        self.client, self.view, self.teacher, self.run_dir = client, view, teacher, run_dir
-        self.t0 = time.perf_counter()
-        self.stage_results: dict[str, dict[str, dict[str, float]]] = {}
-        self.curve: list[dict[str, Any]] = []
-        self.positions_seconds = 0.0
-        self._last: tuple | None = None  # ((stage, step), results, wrong games, wrong positions)
-
-    async def positions(self, stage: str, step: int = 0) -> tuple[dict[str, float], list]:
-        """The policy's move on every teacher position: legal, best and value-preserving rates."""
-        from ludic.tictactoe.position_rl import score_positions
-
-        t0 = time.perf_counter()
-        score = await score_positions(self.client, self.teacher, self.view)
-        self.positions_seconds = time.perf_counter() - t0
-        rates = score.rates()
-        self._last = None
-        self.curve.append({"stage": stage, "step": step, "t": time.perf_counter() - self.t0,
-                           "best_move_rate": rates["best_move_rate"],
-                           "value_preserving_rate": rates["value_preserving_rate"]})
-        return rates, score.wrong
-
-    async def evaluate(self, stage: str, step: int = 0, opponents: tuple[str, ...] = ("minimax", "random")) -> StageEval:
-        """Teacher positions, then exact evaluations against ``opponents``; ``stage_results[stage]``
-        keeps the stage's latest full evaluation (both opponents). The same ``(stage, step)`` asked
-        again (the closing evaluation right after the last RL round's) reuses what was measured."""
-        from ludic.tictactoe.exact import exact_eval
-
-        if self._last is not None and self._last[0] == (stage, step):
-            out, wrong_games, wrong = self._last[1], self._last[2], self._last[3]
-            rates = out["teacher_positions"]
-        else:
-            rates, wrong = await self.positions(stage, step)
-            out, wrong_games = {"teacher_positions": rates}, {"minimax": [], "random": []}
-            self._last = ((stage, step), out, wrong_games, wrong)
-        for opponent in opponents:
-            if opponent in out:
-                continue
-            res = await exact_eval(self.client, ctx="last", system_prompt=self.view.system_prompt,
-                                   compact=self.view.compact, show_opponent_move=False, show_moves=self.view.show_moves,
-                                   opponent=opponent, max_tokens=self.view.max_tokens,
-                                   parser=self.view.parser())
-            out[opponent] = res.as_metrics()
-            wrong_games[opponent] = [d.board for d in res.records if not d.value_preserving]
-            with open(self.run_dir / f"decisions_{stage}_{opponent}.jsonl", "w") as f:
-                for d in res.records:
-                    f.write(json.dumps(d.to_dict()) + "\n")
-        self.curve[-1].update({f"{o}_non_loss_rate": out[o]["non_loss_rate"] for o in opponents})
-        self.curve[-1].update({f"{o}_{s}_non_loss_rate": out[o][f"{s}/non_loss_rate"]
-                               for o in opponents for s in ("x", "o")})
-        if set(opponents) >= {"minimax", "random"}:
-            self.stage_results[stage] = out
-        said = [f"vs {o} non-loss X {out[o]['x/non_loss_rate']:.1%} O {out[o]['o/non_loss_rate']:.1%}"
-                for o in opponents]
-        print(f"[recipe] {stage} (step {step}): " + " | ".join(said) + f" | teacher positions best "
-              f"{rates['best_move_rate']:.1%} value-preserving {rates['value_preserving_rate']:.1%} "
-              f"legal {rates['legal_rate']:.1%}", flush=True)
-        return StageEval(out, wrong_games["minimax"], wrong_games["random"] + wrong)
 
 
 def eval_command(run_dir: Path, cfg: dict[str, Any]) -> str:

@@ -151,6 +151,29 @@ def teacher_reply(board: ttt.Board, rng: random.Random | None = None, thoughts: 
     return f"<think>{template.format(c=c, o=ttt.other(ttt.to_move(board)))}</think>{answer}"
 
 
+def random_cell_records(system_prompt: str | None, *, compact: bool = True, style: str = "cell",
+                        show_moves: bool = False, per_position: int = 4, seed: int = 0) -> list[JSON]:
+    """A format cold start that carries no strategy (``ludic recipe tictactoe --teacher none``): each teacher
+    position ``per_position`` times, answered with a uniformly random legal cell in the answer ``style``
+    (``cell`` or ``move``: the styles without the solver's reasoning). The positions are every position the
+    game can reach with the deterministic teacher's moves on one side; nothing pairs one with its best move
+    more often than a uniform choice does (``tests/test_rewards_only.py`` checks it)."""
+    if style not in ("cell", "move"):
+        raise ValueError(f"--teacher none answers with a bare cell or <move>cell</move>, not style {style!r}")
+    rng = random.Random(seed)
+    out = []
+    for board in teacher_positions():
+        mark = ttt.to_move(board)
+        obs = format_observation(board, mark, None, None, compact, show_moves)
+        system = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
+        for _ in range(per_position):
+            c = ttt.coord(rng.choice(ttt.legal_moves(board)))
+            out.append({"messages": [*system, {"role": "user", "content": obs}],
+                        "completion": c if style == "cell" else f"<move>{c}</move>",
+                        "meta": {"source": "random_cells", "mark": mark, "board": list(board)}})
+    return out
+
+
 def teacher_positions(marks: Sequence[str] = ("X", "O")) -> list[ttt.Board]:
     """Every position the deterministic teacher can face, against any opponent, for each seat.
 
@@ -189,7 +212,8 @@ def teacher_position_records(system_prompt: str | None, *, compact: bool = True,
         out.append({
             "messages": [*system, {"role": "user", "content": obs}],
             "completion": teacher_reply(board, None, thoughts, style),
-            "meta": {"source": "teacher_positions", "mark": mark, "pieces": 9 - board.count(ttt.EMPTY)},
+            "meta": {"source": "teacher_positions", "mark": mark, "pieces": 9 - board.count(ttt.EMPTY),
+                     "board": list(board)},
         })
     return out
 

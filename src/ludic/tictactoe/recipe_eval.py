@@ -1,0 +1,105 @@
+"""The tic-tac-toe recipe's exact evaluations (``ludic recipe tictactoe``): every stage is measured against
+minimax and random (both seats, every branch) and on the teacher positions, and its wrong decisions feed the
+next RL round (``StageEval.focus`` and ``pool``); ``trainable_state`` keeps the best round's adapter in memory."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+
+class StageEval:
+    """One stage's exact evaluation: metrics per opponent and teacher positions, and the wrong
+    decisions: ``focus`` (met against minimax: each one loses games the metric counts) and
+    ``pool`` (met against random, or among the teacher positions)."""
+
+    def __init__(self, metrics: dict[str, dict[str, float]], focus: list, pool: list) -> None:
+        self.metrics, self.focus, self.pool = metrics, focus, pool
+
+    def score(self) -> tuple[float, float, float]:
+        """What RL maximises, in order: exact non-loss against minimax, then value-preserving and
+        legal moves on the teacher positions (the rounds' checkpoints are compared by it)."""
+        tp = self.metrics["teacher_positions"]
+        return self.metrics["minimax"]["non_loss_rate"], tp["value_preserving_rate"], tp["legal_rate"]
+
+
+def trainable_state(model: Any) -> dict[str, Any]:
+    """A copy of the trainable parameters (the RL adapter): a checkpoint in memory."""
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trainable_state(model: Any, state: dict[str, Any]) -> None:
+    import torch
+
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for n, value in state.items():
+            params[n].copy_(value)
+
+
+class Evaluator:
+    """Exact evaluations (vs minimax and random, both seats) and the teacher-position sweep,
+    recorded for the report: ``stage_results[stage]`` and the ``curve`` of points over time."""
+
+    def __init__(self, client: Any, view: Any, teacher: list, run_dir: Path) -> None:
+        self.client, self.view, self.teacher, self.run_dir = client, view, teacher, run_dir
+        self.t0 = time.perf_counter()
+        self.stage_results: dict[str, dict[str, dict[str, float]]] = {}
+        self.curve: list[dict[str, Any]] = []
+        self.positions_seconds = 0.0
+        self._last: tuple | None = None  # ((stage, step), results, wrong games, wrong positions)
+
+    async def positions(self, stage: str, step: int = 0) -> tuple[dict[str, float], list]:
+        """The policy's move on every teacher position: legal, best and value-preserving rates."""
+        from ludic.tictactoe.position_rl import score_positions
+
+        t0 = time.perf_counter()
+        score = await score_positions(self.client, self.teacher, self.view)
+        self.positions_seconds = time.perf_counter() - t0
+        rates = score.rates()
+        self._last = None
+        self.curve.append({"stage": stage, "step": step, "t": time.perf_counter() - self.t0,
+                           "best_move_rate": rates["best_move_rate"],
+                           "value_preserving_rate": rates["value_preserving_rate"]})
+        return rates, score.wrong
+
+    async def evaluate(self, stage: str, step: int = 0, opponents: tuple[str, ...] = ("minimax", "random")) -> StageEval:
+        """Teacher positions, then exact evaluations against ``opponents``; ``stage_results[stage]``
+        keeps the stage's latest full evaluation (both opponents). The same ``(stage, step)`` asked
+        again (the closing evaluation right after the last RL round's) reuses what was measured."""
+        from ludic.tictactoe.exact import exact_eval
+
+        if self._last is not None and self._last[0] == (stage, step):
+            out, wrong_games, wrong = self._last[1], self._last[2], self._last[3]
+            rates = out["teacher_positions"]
+        else:
+            rates, wrong = await self.positions(stage, step)
+            out, wrong_games = {"teacher_positions": rates}, {"minimax": [], "random": []}
+            self._last = ((stage, step), out, wrong_games, wrong)
+        for opponent in opponents:
+            if opponent in out:
+                continue
+            res = await exact_eval(self.client, ctx="last", system_prompt=self.view.system_prompt,
+                                   compact=self.view.compact, show_opponent_move=False, show_moves=self.view.show_moves,
+                                   opponent=opponent, max_tokens=self.view.max_tokens,
+                                   parser=self.view.parser())
+            out[opponent] = res.as_metrics()
+            wrong_games[opponent] = [d.board for d in res.records if not d.value_preserving]
+            with open(self.run_dir / f"decisions_{stage}_{opponent}.jsonl", "w") as f:
+                for d in res.records:
+                    f.write(json.dumps(d.to_dict()) + "\n")
+        self.curve[-1].update({f"{o}_non_loss_rate": out[o]["non_loss_rate"] for o in opponents})
+        self.curve[-1].update({f"{o}_{s}_non_loss_rate": out[o][f"{s}/non_loss_rate"]
+                               for o in opponents for s in ("x", "o")})
+        if set(opponents) >= {"minimax", "random"}:
+            self.stage_results[stage] = out
+        said = [f"vs {o} non-loss X {out[o]['x/non_loss_rate']:.1%} O {out[o]['o/non_loss_rate']:.1%}"
+                for o in opponents]
+        print(f"[recipe] {stage} (step {step}): " + " | ".join(said) + f" | teacher positions best "
+              f"{rates['best_move_rate']:.1%} value-preserving {rates['value_preserving_rate']:.1%} "
+              f"legal {rates['legal_rate']:.1%}", flush=True)
+        return StageEval(out, wrong_games["minimax"], wrong_games["random"] + wrong)
+
+
