@@ -136,6 +136,7 @@ def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch, 
     assert {g["stage"] for g in games} == {"base", "sft", "rl"} and {g["seat"] for g in games} == {"X", "O"}
     text = (run / "report.md").read_text()
     assert "Games of the final policy (rl) against minimax" in text
+    assert "<h2>Games</h2>" in (run / "report.html").read_text()
     assert f"| rl, kept (batch {kept}) |" in text and "| **total** |" in text and "teacher positions" in text
     assert "selected on that same exact evaluation" in text and "Compute dtype" in text
     # the report's evaluation command reproduces its numbers (same prompts, same parser)
