@@ -17,7 +17,8 @@ side by side view clones the first episode of each instance from two stages (eva
 
 The page stays small: at most ``MAX_EPISODES`` episodes in all (shared among the files; instances that other files
 also hold come first, so pairs survive the cap; training episodes are taken evenly through the file), at most
-``MAX_TURNS`` turns each, long texts cut to their end, and the token view only for the first training episodes.
+``MAX_TURNS`` turns each, a long prompt cut to its end and a long reply to its start, and the token view only
+for the first training episodes.
 The page says how many of how many it shows.
 
 ``games.jsonl`` (``tictactoe.showcase``: a stage's games against a bot) is drawn as boards, move by move.
