@@ -130,9 +130,13 @@ def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch, 
         assert curve[-1][key] == ref[key], key  # the kept adapter is what was saved and evaluated
     assert report["results"]["rl"]["minimax"]["non_loss_rate"] == curve[-1]["minimax_non_loss_rate"]
     for name in ("report.md", "report.json", "learning_curves.png", "sft/metrics.jsonl", "rl/metrics.jsonl",
-                 "decisions_sft_minimax.jsonl", "rl/final/adapter_config.json", "sft/final/config.json"):
+                 "decisions_sft_minimax.jsonl", "rl/final/adapter_config.json", "sft/final/config.json", "games.jsonl"):
         assert (run / name).exists(), name
+    games = [json.loads(x) for x in (run / "games.jsonl").read_text().splitlines()]
+    assert {g["stage"] for g in games} == {"base", "sft", "rl"} and {g["seat"] for g in games} == {"X", "O"}
     text = (run / "report.md").read_text()
+    assert "Games of the final policy (rl) against minimax" in text
+    assert "<h2>Games</h2>" in (run / "report.html").read_text()
     assert f"| rl, kept (batch {kept}) |" in text and "| **total** |" in text and "teacher positions" in text
     assert "selected on that same exact evaluation" in text and "Compute dtype" in text
     # the report's evaluation command reproduces its numbers (same prompts, same parser)
@@ -253,3 +257,61 @@ def test_recipes_reject_an_unknown_logger_before_any_work(tmp_path):
         recipe(RecipeConfig(model=missing, run_dir=str(tmp_path / "r"), logger="plain"))
     with pytest.raises(ValueError, match="unknown logger 'plain'"):
         seed_recipe(SeedRecipeConfig(model=missing, run_dir=str(tmp_path / "s"), logger="plain"))
+
+
+def _solver_decisions(answer=None):
+    """Exact-evaluation records of a policy that plays the solver's first best move, or ``answer(board)``: a cell
+    index, None (an unparsable reply) or -1 (an occupied cell named)."""
+    from ludic.tictactoe.board import best_moves, coord, is_over, reachable_positions
+    from ludic.tictactoe.positions import board_to_string
+
+    out = []
+    for b in reachable_positions():
+        if is_over(b):
+            continue
+        move = answer(b) if answer else best_moves(b)[0]
+        action = None if move is None else "A1" if move == -1 else coord(move)
+        out.append({"board": board_to_string(b), "observation": board_to_string(b), "completion": action or "???",
+                    "action": action, "move": None if move in (None, -1) else move,
+                    "optimal": move in best_moves(b), "value_preserving": move in best_moves(b)})
+    return out
+
+
+def test_recipe_games_replay_the_recorded_decisions_against_minimax(tmp_path):
+    """The report's games: the policy's moves are its recorded greedy answers, minimax's come from the bot; a
+    perfect policy draws in both seats, a blunder loses, an unparsable reply or an occupied cell forfeits."""
+    from ludic.tictactoe.board import EMPTY, optimal_moves
+    from ludic.tictactoe.showcase import games_markdown, play_recorded_games, write_games
+
+    perfect = play_recorded_games(_solver_decisions())
+    assert {g["seat"] for g in perfect} == {"X", "O"} and {g["outcome"] for g in perfect} == {"draw"}
+    assert len({(g["seat"],) + tuple(m["cell"] for m in g["moves"]) for g in perfect}) == len(perfect) >= 4  # distinct
+    for g in perfect:
+        assert [m["mark"] for m in g["moves"]] == ["X", "O"] * 4 + ["X"]
+        assert all((m["player"] == "policy") == (m["mark"] == g["seat"]) for m in g["moves"])
+        assert sum(row.count(".") for row in g["moves"][-1]["board"]) == 0
+
+    def blunder(b):  # as O, answer X's opening with a move that gives the draw away
+        if "".join(b).count("X") == 1 and "".join(b).count("O") == 0:
+            return next(i for i, c in enumerate(b) if c == EMPTY and i not in optimal_moves(b))
+        return _solver_best(b)
+
+    lost = [g for g in play_recorded_games(_solver_decisions(blunder)) if g["seat"] == "O"]
+    assert lost and {g["outcome"] for g in lost} == {"loss"}
+    assert lost[0]["moves"][1]["value_preserving"] is False
+    forfeits = play_recorded_games(_solver_decisions(lambda b: None), seats=("X",))
+    assert [g["outcome"] for g in forfeits] == ["parse_error"] and forfeits[0]["moves"][0]["cell"] is None
+    illegal = play_recorded_games(_solver_decisions(lambda b: -1), seats=("O",))
+    assert {g["outcome"] for g in illegal} == {"illegal"}
+
+    (tmp_path / "decisions_rl_minimax.jsonl").write_text("".join(json.dumps(d) + "\n" for d in _solver_decisions()))
+    games = write_games(tmp_path, ["base", "rl"])  # no base records: only rl's games
+    assert {g["stage"] for g in games} == {"rl"} and len((tmp_path / "games.jsonl").read_text().splitlines()) == len(games)
+    text = games_markdown(tmp_path)
+    assert "Games of the final policy (rl) against minimax" in text and "-> **draw**" in text
+
+
+def _solver_best(b):
+    from ludic.tictactoe.board import best_moves
+
+    return best_moves(b)[0]

@@ -3,37 +3,52 @@
     ludic report runs/qa-20261123-1200            (re)write runs/.../report.html
 
 What the page shows, in this order, from the files a run writes: the headline score per stage with
-its 95% interval, the learning curves, sample trajectories, the config, then every result (folded):
-    ``metrics.jsonl``   learning curves (reward, success, loss, KL, entropy, clip fraction, lengths,
-                        stale share, ... every numeric series that varies), one inline SVG each,
-                        one point per row that carries the metric
+its 95% interval, the learning curves, the trajectories, games, the config, then every result (folded):
+    ``metrics.jsonl``   learning curves, one inline SVG each, one point per row that carries the metric, by
+                        importance (``importance``): outcomes (success, reward, evaluation) first, then the
+                        optimisation (loss, KL, entropy, clipping, lengths), then the rest, timings last; series
+                        that never change are folded at the end
+    ``learning_curves.png``  a recipe's own picture (the tic-tac-toe recipe's), embedded
     ``*.json`` results  evaluation tables (``report.json``, ``qa_results.json``, ``summary.json``)
-    ``rollouts.jsonl``  sample trajectories, turn by turn: prompt, thinking, action, reward; with a
-                        tokenizer, every token is shown and the trained (sampled) ones are marked
+    ``rollouts.jsonl``, ``eval_*.jsonl``, ``decisions_*.jsonl``  the trajectory viewer (``ludic.report_viewer``):
+                        every turn's prompt, reply and reward, filters by outcome, stage and instance, and two
+                        stages side by side on the same instances; with a tokenizer, the first training
+                        episodes token by token, the trained (sampled) tokens marked
+    ``games.jsonl``     games on a board, move by move (the tic-tac-toe recipe's final policy against minimax)
 
+A multi-stage run (the recipe's sft/ and rl/ folders) gets each stage's curves too, and its episodes in the viewer.
 No scripts, fonts or images are fetched: the file opens offline and can be mailed.
 Every recipe's logger writes it when the run ends (``ReportLogger``).
 """
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import math
-import re
 from pathlib import Path
 from typing import Any, Iterable
 
-CURVES = (
-    "reward_mean", "success_rate", "score", "win_rate", "draw_rate", "loss_rate", "accuracy", "correct_rate",
+from ludic import report_viewer
+
+OUTCOME_CURVES = ("success_rate", "reward_mean", "non_loss_rate", "win_rate", "score", "accuracy", "correct_rate",
+                  "draw_rate", "loss_rate")
+"""What the run is for: plotted first, in this order (an ``eval/`` or ``val/`` series before its training twin)."""
+CURVES = OUTCOME_CURVES + (
     "loss", "policy_loss", "value_loss", "kl", "kl_loss", "sampler_kl", "entropy", "clip_frac",
-    "completion_tokens_mean", "sequence_tokens_per_episode", "stale_dropped", "stale_share",
-    "parse_error_rate", "invalid_answer_rate", "illegal_rate", "grad_norm", "lr", "step_s",
+    "completion_tokens_mean", "sequence_tokens_per_episode", "parse_error_rate", "invalid_answer_rate", "illegal_rate",
+    "zero_var_group_share", "stale_dropped", "stale_share", "grad_norm", "lr",
 )
-"""Plotted first, in this order; other varying numeric series follow."""
+"""Plotted first, in this order; other numeric series follow, timings and interval bounds last."""
 SKIP = {"step", "time"}
 RESULT_FILES = ("report.json", "qa_results.json", "tinker_results.json", "summary.json")
-MAX_TRAJECTORIES = 6
+PICTURES = ("learning_curves.png",)
+"""Pictures a recipe draws into its run directory, embedded in the page (as data URIs: the page stays one file)."""
+MAX_PICTURE_BYTES = 3 * 2**20
+"""A larger picture is linked (a relative <img>), not embedded."""
+_EVAL_PREFIXES = ("eval/", "val/", "test/")
+_LOW = ("_s", "_per_s", "minutes", "version", "_ci95_low", "_ci95_high", "_total", "_count", "episodes", "_tokens")
 
 
 def _read_jsonl(path: Path, limit: int | None = None) -> list[dict]:
@@ -50,8 +65,18 @@ def _read_jsonl(path: Path, limit: int | None = None) -> list[dict]:
     return rows[-limit:] if limit else rows
 
 
+def importance(name: str) -> tuple[int, int, int, str]:
+    """Sort key of a series: outcomes first (``OUTCOME_CURVES``), then the rest of ``CURVES``, then other series,
+    then timings, counts and interval bounds; an ``eval/``, ``val/`` or ``test/`` series before its training twin."""
+    base = name.split("/")[-1]
+    evaluated = 0 if name.startswith(_EVAL_PREFIXES) else 1
+    if base in CURVES:
+        return (0 if base in OUTCOME_CURVES else 1), CURVES.index(base), evaluated, name
+    return (3 if base.endswith(_LOW) else 2), 0, evaluated, name
+
+
 def series(rows: list[dict]) -> dict[str, list[tuple[float, float]]]:
-    """``{metric: [(step, value), ...]}`` for every finite numeric metric, CURVES first."""
+    """``{metric: [(step, value), ...]}`` for every finite numeric metric, by ``importance``."""
     out: dict[str, list[tuple[float, float]]] = {}
     for i, r in enumerate(rows):
         x = float(r.get("step", i))
@@ -59,14 +84,23 @@ def series(rows: list[dict]) -> dict[str, list[tuple[float, float]]]:
             if k in SKIP or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 continue
             out.setdefault(k, []).append((x, float(v)))
-    first = [k for k in CURVES if k in out]
-    rest = sorted(k for k in out if k not in CURVES and len({v for _, v in out[k]}) > 1)
-    return {k: out[k] for k in first + rest}
+    return {k: out[k] for k in sorted(out, key=importance)}
 
 
-def svg_plot(name: str, points: list[tuple[float, float]], w: int = 320, h: int = 170) -> str:
-    """A line plot with one ``<circle class="pt">`` per point, its axes' ranges as labels."""
-    pad_l, pad_r, pad_t, pad_b = 46, 10, 22, 22
+def _ticks(lo: float, hi: float) -> tuple[str, str]:
+    """Axis labels of a range: 3 significant digits, more when 3 would print both ends alike."""
+    for digits in range(3, 8):
+        a, b = f"{lo:.{digits}g}", f"{hi:.{digits}g}"
+        if a != b:
+            break
+    return a, b
+
+
+def svg_plot(name: str, points: list[tuple[float, float]], w: int = 320, h: int = 170, x_label: str = "step") -> str:
+    """A line plot with one ``<circle class="pt">`` per point, its axes' ranges as labels.
+
+    The left margin fits the longest y label: a fixed one clipped the labels' first characters at the SVG's edge,
+    so a negative label lost its minus sign (``-0.00123`` read ``0.00123``)."""
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     x0, x1 = min(xs), max(xs)
     y0, y1 = min(ys), max(ys)
@@ -74,6 +108,9 @@ def svg_plot(name: str, points: list[tuple[float, float]], w: int = 320, h: int 
         x0, x1 = x0 - 1, x1 + 1
     if y1 == y0:
         y0, y1 = y0 - 1, y1 + 1
+    bottom, top = _ticks(y0, y1)
+    left, right = _ticks(x0, x1)
+    pad_l, pad_r, pad_t, pad_b = 10 + 6.5 * max(len(top), len(bottom), 3), 10, 22, 22
 
     def px(x: float) -> float:
         return pad_l + (x - x0) / (x1 - x0) * (w - pad_l - pad_r)
@@ -83,20 +120,34 @@ def svg_plot(name: str, points: list[tuple[float, float]], w: int = 320, h: int 
 
     coords = [(px(x), py(y)) for x, y in points]
     line = " ".join(f"{a:.1f},{b:.1f}" for a, b in coords)
-    dots = "".join(f'<circle class="pt" cx="{a:.1f}" cy="{b:.1f}" r="2.2"><title>step {x:g}: {y:.4g}</title></circle>'
+    dots = "".join(f'<circle class="pt" cx="{a:.1f}" cy="{b:.1f}" r="2.2"><title>{x_label} {x:g}: {y:.4g}</title></circle>'
                    for (a, b), (x, y) in zip(coords, points))
     label = html.escape(name)
     return (
         f'<svg class="plot" data-metric="{label}" data-points="{len(points)}" width="{w}" height="{h}" '
         f'viewBox="0 0 {w} {h}" xmlns="http://www.w3.org/2000/svg">'
-        f'<text x="{pad_l}" y="14" class="title">{label}</text>'
-        f'<rect x="{pad_l}" y="{pad_t}" width="{w - pad_l - pad_r}" height="{h - pad_t - pad_b}" class="frame"/>'
-        f'<text x="{pad_l - 4}" y="{pad_t + 8}" class="ax" text-anchor="end">{y1:.3g}</text>'
-        f'<text x="{pad_l - 4}" y="{h - pad_b}" class="ax" text-anchor="end">{y0:.3g}</text>'
-        f'<text x="{pad_l}" y="{h - 6}" class="ax">{x0:g}</text>'
-        f'<text x="{w - pad_r}" y="{h - 6}" class="ax" text-anchor="end">step {x1:g}</text>'
+        f'<text x="{pad_l:.0f}" y="14" class="title">{label}</text>'
+        f'<rect x="{pad_l:.1f}" y="{pad_t}" width="{w - pad_l - pad_r:.1f}" height="{h - pad_t - pad_b}" class="frame"/>'
+        f'<text x="{pad_l - 4:.1f}" y="{pad_t + 8}" class="ax y1" text-anchor="end">{top}</text>'
+        f'<text x="{pad_l - 4:.1f}" y="{h - pad_b}" class="ax y0" text-anchor="end">{bottom}</text>'
+        f'<text x="{pad_l:.1f}" y="{h - 6}" class="ax">{left}</text>'
+        f'<text x="{w - pad_r}" y="{h - 6}" class="ax" text-anchor="end">{x_label} {right}</text>'
         f'<polyline points="{line}" class="line"/>{dots}</svg>'
     )
+
+
+def curves_html(rows: list[dict], prefix: str = "") -> str:
+    """Every series of ``rows`` as a plot, by ``importance``; those that never change folded at the end, except the
+    outcomes (``OUTCOME_CURVES``: a success rate stuck at 0 is the run's main news)."""
+    all_series = series(rows)
+    flat = [k for k, v in all_series.items() if len({y for _, y in v}) == 1 and importance(k)[0]]  # outcomes stay
+    plots = "".join(svg_plot(prefix + k, v) for k, v in all_series.items() if k not in flat)
+    if flat:
+        values = ", ".join(f"{html.escape(prefix + k)} = {all_series[k][0][1]:.4g}" for k in flat)
+        plots += (f"<details class='flat'><summary>{len(flat)} constant series (the same value at every step)</summary>"
+                  f"<p>{values}</p><div class='plots'>"
+                  + "".join(svg_plot(prefix + k, all_series[k]) for k in flat) + "</div></details>")
+    return plots
 
 
 def _flatten(d: Any, prefix: str = "") -> Iterable[tuple[str, Any]]:
@@ -227,76 +278,52 @@ def _headline_table(metric: str, rows: dict[str, tuple], kept: Any, instances: A
             f"{html.escape(metric)}</th><th>95% interval</th><th>episodes</th></tr>{body}</table>{note}")
 
 
-_THINK = re.compile(r"^\s*(<think>.*?</think>)(.*)$", re.DOTALL | re.IGNORECASE)
-
-
-def _tokens_html(tok: Any, ids: list[int], cls: str, keep_last: int | None = None) -> str:
-    shown = ids[-keep_last:] if keep_last and len(ids) > keep_last else ids
-    skipped = len(ids) - len(shown)
-    head = f'<span class="skip">[{skipped} earlier tokens]</span>' if skipped else ""
-    return head + "".join(f'<span class="tok {cls}">{html.escape(tok.decode([t]))}</span>' for t in shown)
-
-
-def _step_html(step: dict, tok: Any) -> str:
-    action = step.get("action") or ""
-    m = _THINK.match(action)
-    thinking, answer = (m.group(1), m.group(2)) if m else ("", action)
-    flags = [k for k in ("parse_error", "tool_step", "truncated", "terminated")
-             if step.get(k) or step.get("info", {}).get(k)]
-    head = (f'<div class="turn-head">turn {step.get("index")}: reward <b>{step.get("reward", 0):.3g}</b>'
-            f'{" | " + ", ".join(flags) if flags else ""}'
-            f' | parsed: <code>{html.escape(str(step.get("parsed_action")))}</code></div>')
-    trace = step.get("trace")
-    if tok is not None and trace:
-        body = ('<div class="tokens">' + _tokens_html(tok, trace["prompt_ids"], "ctx", 120)
-                + _tokens_html(tok, trace["completion_ids"], "trained") + "</div>")
-    else:
-        body = (f'<div class="tokens"><span class="tok ctx">{html.escape(step.get("prev_obs") or "")}</span>'
-                f'<span class="tok trained">{html.escape(action)}</span></div>')
-    text = (f'<div class="fields"><div><b>prompt</b><pre>{html.escape(step.get("prev_obs") or "")}</pre></div>'
-            + (f'<div><b>thinking</b><pre>{html.escape(thinking)}</pre></div>' if thinking else "")
-            + f'<div><b>action</b><pre>{html.escape(answer)}</pre></div></div>')
-    return f'<div class="turn">{head}{text}{body}</div>'
-
-
 def stage_dirs(run_dir: Path) -> list[Path]:
     """Sub-runs of a multi-stage run (the recipe's sft/ and rl/): folders with their own metrics.jsonl."""
     dirs = [d for d in run_dir.iterdir() if d.is_dir() and (d / "metrics.jsonl").exists()]
     return sorted(dirs, key=lambda d: ((d / "metrics.jsonl").stat().st_mtime, d.name))  # in the order they ran
 
 
-def stages_html(run_dir: Path) -> str:
-    """Each stage's learning curves, with a link to its own page."""
+def _stage_notes(run_dir: Path, stage: str) -> str:
+    """What the result files say of a stage: their top-level ``<stage>_*`` scalars (the recipe's rl_steps, rl_stopped)."""
+    notes = []
+    for name in RESULT_FILES:
+        try:
+            data = json.loads((run_dir / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            notes += [f"{k} = {_fmt(v)}" for k, v in data.items() if k.startswith(f"{stage}_")
+                      and isinstance(v, (str, int, float, bool))]
+    return f" {html.escape(', '.join(notes))} (the run's results)." if notes else ""
+
+
+def stages_html(run_dir: Path, dirs: list[Path]) -> str:
+    """Each stage's (``stage_dirs``) learning curves, with a link to its own page; a stage that logged no step says so."""
     parts = []
-    for d in stage_dirs(run_dir):
+    for d in dirs:
         rows = _read_jsonl(d / "metrics.jsonl")
-        plots = "".join(svg_plot(f"{d.name}/{k}", v) for k, v in series(rows).items())
-        parts.append(f"<h2>Stage {html.escape(d.name)}</h2><p>{len(rows)} rows in {html.escape(d.name)}/metrics.jsonl; "
-                     f"<a href='{html.escape(d.name)}/report.html'>its own page</a>.</p><div class='plots'>{plots}</div>")
+        name = html.escape(d.name)
+        plots = curves_html(rows, f"{d.name}/") if rows else (
+            f"<p>This stage logged no step (its metrics.jsonl is empty).{_stage_notes(run_dir, d.name)} Its episodes, "
+            "if it recorded any, are in the trajectory viewer above.</p>")
+        parts.append(f"<h2>Stage {name}</h2><p>{len(rows)} rows in {name}/metrics.jsonl; "
+                     f"<a href='{name}/report.html'>its own page</a>.</p><div class='plots'>{plots}</div>")
     return "".join(parts)
 
 
-def trajectories(run_dir: Path, tok: Any = None) -> str:
-    path = run_dir / "rollouts.jsonl"
-    if not path.exists():  # a multi-stage run: the last stage that sampled
-        path = next((d / "rollouts.jsonl" for d in reversed(stage_dirs(run_dir)) if (d / "rollouts.jsonl").exists()), path)
-    rows = _read_jsonl(path)
-    if not rows:
-        return "<p>No rollouts.jsonl in this run directory.</p>"
-    picked = rows[:MAX_TRAJECTORIES // 2] + rows[-(MAX_TRAJECTORIES - MAX_TRAJECTORIES // 2):] \
-        if len(rows) > MAX_TRAJECTORIES else rows
+def pictures_html(run_dir: Path) -> str:
+    """``PICTURES`` the run drew, embedded as data URIs (a large one linked)."""
     out = []
-    for r in picked:
-        meta = r.get("meta", {})
-        title = (f'rollout {html.escape(str(r.get("id", ""))[:8])} | agent {html.escape(str(meta.get("agent_id")))}'
-                 f' | {html.escape(str(meta.get("env_kind", "")))} | total reward {r.get("total_reward", 0):.3g}'
-                 f'{" | FAILED: " + html.escape(str(meta.get("error"))) if meta.get("failed") else ""}')
-        steps = "".join(_step_html(s, tok) for s in r.get("steps", [])[:12])
-        out.append(f'<details class="traj" open><summary>{title}</summary>{steps}</details>')
-    return (f"<p>{len(picked)} of {len(rows)} rollouts (the first and the last). "
-            "<span class='tok trained'>highlighted</span> tokens were sampled and carry the training weight; "
-            "<span class='tok ctx'>grey</span> ones are context (prompt, env, tool and template text), "
-            "masked out of the loss.</p>" + "".join(out))
+    for name in PICTURES:
+        path = run_dir / name
+        if not path.is_file():
+            continue
+        src = (f"data:image/png;base64,{base64.b64encode(path.read_bytes()).decode()}"
+               if path.stat().st_size <= MAX_PICTURE_BYTES else html.escape(name))
+        out.append(f"<figure class='picture'><img src='{src}' alt='{html.escape(name)}'>"
+                   f"<figcaption>{html.escape(name)}</figcaption></figure>")
+    return "".join(out)
 
 
 CSS = """
@@ -306,14 +333,15 @@ h1{font-size:20px}h2{font-size:17px;border-bottom:1px solid #ddd;padding-bottom:
 .plots{display:flex;flex-wrap:wrap;gap:10px}.plot{background:#fafafa;border:1px solid #e3e3e3}
 .plot .title{font-size:12px;font-weight:600}.plot .ax{font-size:10px;fill:#666}
 .plot .frame{fill:none;stroke:#ddd}.plot .line{fill:none;stroke:#2a6fdb;stroke-width:1.5}
-.plot .pt{fill:#2a6fdb}table.res{border-collapse:collapse;font-size:13px}
-table.res td,table.res th{border:1px solid #e3e3e3;padding:2px 8px}table.res th{background:#f3f3f3}.traj{margin:8px 0;border:1px solid #ddd;padding:6px}
+.plot .pt{fill:#2a6fdb}table.res{border-collapse:collapse;font-size:13px}.flat{flex-basis:100%;font-size:13px}
+table.res td,table.res th{border:1px solid #e3e3e3;padding:2px 8px}table.res th{background:#f3f3f3}
+.picture{margin:0}.picture img{max-width:100%;border:1px solid #e3e3e3}.picture figcaption{font-size:12px;color:#666}
 .turn{border-top:1px dashed #ccc;padding:6px 0}.turn-head{font-size:13px;margin-bottom:4px}
 .fields{display:flex;gap:12px;font-size:12px}.fields pre{white-space:pre-wrap;max-width:440px;margin:2px 0}
 .tokens{font-family:monospace;font-size:12px;white-space:pre-wrap;margin-top:4px;line-height:1.6}
 .tok.ctx{color:#888}.tok.trained{background:#ffe58a;color:#000;outline:1px solid #e5c100}
 .skip{color:#aaa;font-style:italic}.err{color:#b00}
-"""
+""" + report_viewer.CSS
 
 
 def _tokenizer_for(run_dir: Path) -> Any:
@@ -336,7 +364,7 @@ def minutes_plot(run_dir: Path) -> str:
     except (OSError, ValueError, AttributeError):
         return ""
     points = [(float(p["minutes"]), float(p["success_rate"])) for p in curve if "minutes" in p and "success_rate" in p]
-    return svg_plot("validation success vs minutes", points) if points else ""
+    return svg_plot("validation success vs minutes", points, x_label="min") if points else ""
 
 
 def build_report(run_dir: str | Path, tokenizer: Any = None) -> Path:
@@ -346,25 +374,26 @@ def build_report(run_dir: str | Path, tokenizer: Any = None) -> Path:
         raise FileNotFoundError(f"run directory {run_dir} does not exist")
     tok = tokenizer if tokenizer is not None else _tokenizer_for(run_dir)
     rows = _read_jsonl(run_dir / "metrics.jsonl")
-    curves = series(rows)
-    stages = stages_html(run_dir)
-    plots = minutes_plot(run_dir) + "".join(svg_plot(k, v) for k, v in curves.items()) or (
-        "<p>The curves are per stage, below.</p>" if stages else "<p>No metrics.jsonl rows yet.</p>")
+    stage_list = stage_dirs(run_dir)
+    stages = stages_html(run_dir, stage_list)
+    plots = (pictures_html(run_dir) + minutes_plot(run_dir) + curves_html(rows)
+             + ("<p>The curves of each stage are below.</p>" if stages else "" if rows else "<p>No metrics.jsonl rows yet.</p>"))
     config = (run_dir / "config.json").read_text() if (run_dir / "config.json").exists() else "{}"
+    results = [n for n in RESULT_FILES if (run_dir / n).exists()]
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'>"
         f"<title>Ludic run {html.escape(run_dir.name)}</title><style>{CSS}</style></head><body>"
         f"<h1>Ludic run <code>{html.escape(str(run_dir))}</code></h1>"
-        f"<p>{len(rows)} rows in metrics.jsonl{'; stages: ' + ', '.join(d.name for d in stage_dirs(run_dir)) if stages else ''}; "
+        f"<p>{len(rows)} rows in metrics.jsonl{'; stages: ' + ', '.join(d.name for d in stage_list) if stages else ''}; "
         f"rebuild with <code>ludic report {html.escape(str(run_dir))}</code>.</p>"
         f"{headline_html(run_dir)}"
         f"<h2>Learning curves</h2><div class='plots'>{plots}</div>"
-        f"<h2>Sample trajectories</h2>{trajectories(run_dir, tok)}"
+        f"{report_viewer.games_html(run_dir)}"
+        f"<h2>Sample trajectories</h2>{report_viewer.viewer_html(run_dir, stage_list, tok)}"
         f"<h2>Config</h2><details><summary>config.json</summary><pre>{html.escape(config)}</pre></details>"
-        f"<h2>Evaluation</h2><details><summary>every result, per stage"
-        f"{' (' + ', '.join(n for n in RESULT_FILES if (run_dir / n).exists()) + ')' if any((run_dir / n).exists() for n in RESULT_FILES) else ''}"
+        f"<h2>Evaluation</h2><details><summary>every result, per stage{' (' + ', '.join(results) + ')' if results else ''}"
         f"</summary>{result_tables(run_dir)}</details>"
-        f"{stages}"
+        f"{stages}<script>{report_viewer.SCRIPT}</script>"
         "</body></html>"
     )
     out = run_dir / "report.html"

@@ -124,3 +124,98 @@ def test_report_page_in_a_real_browser(tmp_path, tiny_model_dir, browser):
     assert known and known in text
     assert "qa_results.json" in text and "Sample trajectories" in text
     shutil.copy(run / "report.png", Path(os.environ.get("LUDIC_REPORT_SHOT", tmp_path / "shot.png")))
+
+
+def _open(dt, page: Path) -> None:
+    for domain in ("Page", "Runtime", "Log"):
+        dt.call(f"{domain}.enable")
+    dt.call("Page.navigate", url=page.as_uri())
+    dt.wait_for("Page.loadEventFired")
+
+
+def _js(dt, expression: str):
+    """The value of a JS expression, through JSON."""
+    return json.loads(dt.call("Runtime.evaluate", returnByValue=True,
+                              expression=f"JSON.stringify({expression})")["result"]["value"])
+
+
+def _errors(dt) -> list[dict]:
+    return [e for e in dt.events if e.get("method") == "Runtime.exceptionThrown"
+            or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] in ("error", "assert"))
+            or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")]
+
+
+VISIBLE = "[...document.querySelectorAll('#episodes > .ep')].filter(e => e.offsetParent !== null)"
+
+
+def _choose(dt, select_id: str, value: str) -> None:
+    dt.call("Runtime.evaluate", expression=(
+        f"(s => {{ s.value = {json.dumps(value)}; s.dispatchEvent(new Event('change', {{bubbles: true}})); }})"
+        f"(document.getElementById({json.dumps(select_id)}))"))
+
+
+def test_viewer_filters_pairs_and_axes_in_a_real_browser(tmp_path, browser):
+    """The viewer's filters, applied in the page, leave the expected episodes visible; the side by side view pairs
+    eval_base and eval_trained on the instance (the env seed where none is named); every axis label, a negative one
+    included, lies whole inside its plot; the charts come by importance, the constant one folded last."""
+    from test_report import BASE_OK, TRAINED_OK, write_behaviour_run
+
+    from ludic.report import build_report
+
+    run = write_behaviour_run(tmp_path / "run")
+    dt = browser
+    _open(dt, build_report(run))
+    assert _js(dt, f"{VISIBLE}.length") == 18
+    _choose(dt, "f-outcome", "failure")
+    failures = 4 + sum(not ok for ok in BASE_OK.values()) + 1 + sum(not ok for ok in TRAINED_OK.values())
+    assert _js(dt, f"{VISIBLE}.length") == failures == 10
+    assert _js(dt, "document.getElementById('f-count').textContent") == "10 of 18 episodes shown"
+    _choose(dt, "f-stage", "eval_trained")
+    assert _js(dt, f"{VISIBLE}.map(e => e.dataset.key)") == ["q3"]
+    _choose(dt, "f-stage", "")
+    _choose(dt, "f-outcome", "parse_error")
+    assert _js(dt, f"{VISIBLE}.map(e => e.dataset.key)") == ["t4", "q3"]
+    _choose(dt, "f-outcome", "all")
+    dt.call("Runtime.evaluate", expression=(
+        "document.querySelector('#episodes .ep[data-stage=\"eval_base\"][data-key=\"q1\"] button.only').click()"))
+    assert _js(dt, f"{VISIBLE}.map(e => [e.dataset.stage, e.dataset.key])") == [["eval_base", "q1"], ["eval_trained", "q1"]]
+
+    pairs = _js(dt, "[...document.querySelectorAll('#pairs .pair')].map(p => [...p.children].map("
+                    "e => [e.dataset.stage, e.dataset.key, e.dataset.outcome, e.innerText.includes('REPLY-' + e.dataset.key)]))")
+    assert [[left[1], right[1]] for left, right in pairs] == [[k, k] for k in ("q0", "q1", "q2", "q3", "seed 77")]
+    assert all(left[0] == "eval_base" and right[0] == "eval_trained" for left, right in pairs)
+    assert [(left[2], right[2]) for left, right in pairs][1] == ("failure", "success")  # q1: base wrong, trained right
+    assert all(left[3] and right[3] for left, right in pairs[:4])  # each side shows its own stage's reply
+    dt.call("Runtime.evaluate", expression="document.getElementById('p-changed').click()")
+    assert _js(dt, "[...document.querySelectorAll('#pairs .pair')].map(p => p.dataset.key)") == ["q1", "q2", "seed 77"]
+
+    labels = _js(dt, "[...document.querySelectorAll('svg.plot')].flatMap(s => [...s.querySelectorAll('text')].map(t => "
+                     "{ const b = t.getBBox(); return [s.dataset.metric, t.textContent, b.x, b.x + b.width, "
+                     "s.width.baseVal.value]; }))")
+    loss = [text for metric, text, *_ in labels if metric == "policy_loss"]
+    assert "-0.0112" in loss and "-0.0412" in loss, loss
+    outside = [(m, t) for m, t, x0, x1, w in labels if x0 < 0 or x1 > w]
+    assert outside == []
+    metrics = _js(dt, "[...document.querySelectorAll('svg.plot')].map(s => s.dataset.metric)")
+    assert metrics[:3] == ["eval/success_rate", "success_rate", "reward_mean"] and metrics[-1] == "stale_dropped"
+    assert _js(dt, "document.querySelector('details.flat svg.plot').dataset.metric") == "stale_dropped"
+    assert _errors(dt) == []
+
+
+def test_the_recipe_page_draws_its_picture_and_games_in_a_real_browser(tmp_path, browser):
+    from test_report import write_recipe_run
+
+    from ludic.report import build_report
+
+    run = write_recipe_run(tmp_path / "recipe")
+    dt = browser
+    _open(dt, build_report(run))
+    assert _js(dt, "document.querySelector('.picture img').naturalWidth") == 1  # the embedded PNG decoded
+    games = _js(dt, "[...document.querySelectorAll('details.games[open] .game')].map(g => [g.dataset.outcome, "
+                    "g.querySelectorAll('table.board').length, g.querySelectorAll('td.new').length])")
+    assert games and all(outcome == "draw" and boards == 9 and marked == 8 for outcome, boards, marked in games)
+    assert _js(dt, "document.querySelector('details.games[open] summary').textContent").startswith("rl:")
+    assert _js(dt, "document.querySelectorAll('#pairs .pair').length") > 0
+    text = _js(dt, "document.body.innerText")
+    assert "This stage logged no step" in text and "No rollouts.jsonl" not in text
+    assert _errors(dt) == []

@@ -9,7 +9,7 @@
     4. RL: a LoRA adapter on the top half of the layers, trained in rounds of position-level GRPO with the solver's
        reward on the decisions the policy still gets wrong (found by the exact evaluations
        and the teacher positions): a curriculum built from failures
-    5. exact evaluation; report.md, report.json and learning_curves.png
+    5. exact evaluation; report.md, report.json, learning_curves.png and games.jsonl (the games, replayed)
 
 ``--budget-minutes`` fits the run to a wall-time budget: SFT and RL steps are set from
 step times measured in this run. Everything runs in one process on one model object (no
@@ -35,6 +35,7 @@ from ludic.recipes.blocks import ModelBlock, RunBlock, load_policy_for
 from ludic.tictactoe.prompts import ColdStartBlock
 from ludic.recipes.common import Clock, machine
 from ludic.tictactoe.recipe_eval import Evaluator, load_trainable_state, trainable_state
+from ludic.tictactoe.showcase import games_markdown, write_games
 
 CALIBRATION_STEPS = 6
 """SFT steps timed before the step count is fitted to the budget (their median, the first left out)."""
@@ -288,6 +289,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     await ev.evaluate("rl", kept)
     clock.add("eval_rl", time.perf_counter() - t0)
+    write_games(run_dir, ev.stage_results)  # a few games per stage against minimax, replayed from its decisions
 
     report = {"teacher": cfg.teacher, "results": ev.stage_results, "seconds": clock.seconds, "total_seconds": clock.elapsed(),
               "budget_seconds": clock.budget_s, "sft_steps": step, "sft_epochs": step * cfg.sft_batch_size / len(items),
@@ -389,7 +391,7 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
         f"torch {m['torch']} ({m.get('kernels', '?')} kernels"
         + (f"; limited by {', '.join(f'{k}={v}' for k, v in m['isa_limits'].items())}" if m.get("isa_limits") else "")
         + f"). {_precision_text(report.get('precision'), report['config']['dtype'])}\n\n"
-        "![learning curves](learning_curves.png)\n"
+        "![learning curves](learning_curves.png)\n" + games_markdown(run_dir)
     )
     (run_dir / "report.md").write_text(text)
     try:
