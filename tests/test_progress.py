@@ -57,7 +57,16 @@ def test_training_logger_lines_off_a_terminal(capsys, monkeypatch):
     lg.close()
     lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("step")]
     assert [x.split()[1] for x in lines] == ["1/20", "10/20", "20/20"]  # first, eval, last
-    assert "eta" in lines[0] and "eval/win_rate=0.5" in lines[1] and "eta" not in lines[2]
+    assert "eval/win_rate=0.5" in lines[1] and "eta" in lines[1] and "eta" not in lines[2]
+    # the first step's line has no ETA: the time before it (evaluations, a cold start) is not a step's (it read
+    # eta 1:34:59 after the first validation)
+    assert "eta" not in lines[0]
+
+
+def test_a_stage_label_tells_cold_start_steps_from_rl_steps(capsys):
+    lg = RichLogger(total_steps=10, desc="format demos", label="format demos")
+    lg.log(1, {"loss": 2.0})
+    assert any(x.startswith("[format demos] step 1/10") for x in capsys.readouterr().out.splitlines())
 
 
 def test_training_logger_takes_a_planned_step_count(capsys, monkeypatch):

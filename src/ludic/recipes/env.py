@@ -231,7 +231,8 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
 
     async def on_step(step: int, metrics: dict[str, Any]) -> None:
         """The league snapshot halfway through; under a budget, validation by the clock and the stop."""
-        half = budget.spent() >= budget.budget_s / 2 if budget else step >= max(1, cfg.train_steps // 2)
+        half = ((budget is not None and budget.spent() >= budget.budget_s / 2)
+                or (cfg.train_steps > 0 and step >= max(1, cfg.train_steps // 2)))  # whichever ends the run first
         if frozen is not None and not league and half:
             model.save_pretrained(str(run_dir / LEAGUE_DIR))
             league.append(TransformersEngine(frozen_copy(model), tok))

@@ -40,6 +40,10 @@ class EnvConfig:
     max_completion_tokens: int = 64
     opponent: str = "self"
     """Multi-player envs: self (self-play, every seat trains) | frozen (the starting policy, frozen)."""
+    incomplete_penalty: float | None = None
+    """A reply cut by --max-completion-tokens: None (default) hands it to the env as it is (many envs read a
+    cut reply's answer; ``cut_reply_rate`` counts them); a number makes it a format failure (a parse error,
+    the env not stepped) with that reward."""
 
     def kwargs(self) -> dict[str, Any]:
         if not self.env_kwargs:
@@ -91,7 +95,9 @@ def make_agent(client: Any, opts: EnvConfig, env: Any, sampling: Any) -> Any:
     from ludic.context import make_context
 
     ctx = opts.context if opts.context != "auto" else getattr(env, "preferred_context", "full")
-    return Agent(client, make_context(ctx, opts.system_prompt), sampling=sampling, reject_incomplete=False)
+    cut = opts.incomplete_penalty is not None  # a reply cut by the token limit: a format failure, or the env's to read
+    return Agent(client, make_context(ctx, opts.system_prompt), sampling=sampling, reject_incomplete=cut,
+                 incomplete_penalty=opts.incomplete_penalty if cut else -1.0)
 
 
 def protocols(policy: Any, opts: EnvConfig, env: Any, sampling: Any, frozen: Any = None,

@@ -106,7 +106,7 @@ async def demo_sft(model: Any, tok: Any, items: list, *, steps: int, batch: int,
     from ludic.training.loggers import RichLogger, logger_names
     from ludic.training.trainer import Trainer
 
-    console = RichLogger(steps, desc=desc) if {"rich", "print"} & set(logger_names(logger)) else None
+    console = RichLogger(steps, desc=desc, label=desc) if {"rich", "print"} & set(logger_names(logger)) else None
     tcfg = replace(trainer, lr=lr, total_steps=steps, lr_schedule="cosine", ppo_epochs=1, num_minibatches=1,
                    kl_target=None, checkpoint_every=0)
     sft = Trainer(model, make_sft(), OfflineBatchSource(items, batch, seed=seed), tcfg, publisher=publisher,

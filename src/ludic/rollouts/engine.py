@@ -24,7 +24,7 @@ from ludic.envs.registry import make_env
 from ludic.errors import episode_failure, stage
 from ludic.interaction.base import InteractionProtocol
 from ludic.progress import Progress
-from ludic.types import DEFAULT_MAX_STEPS, Rollout, RolloutRequest, Step
+from ludic.types import DEFAULT_MAX_STEPS, FinishReason, Rollout, RolloutRequest, Step
 
 ProtocolFactory = Callable[[], InteractionProtocol]
 
@@ -223,6 +223,7 @@ def outcome_counts(rollouts: Sequence[Rollout]) -> dict[str, float]:
         "success_rate": sum(episode_success(r) >= 1.0 for r in rollouts if not r.meta.get("failed")) / n_r,
         "parse_error_rate": sum(s.parse_error for s in steps) / n_s,
         "truncated_rate": sum(bool(r.meta.get("truncation_reason")) for r in rollouts) / n_r,
+        "cut_reply_rate": sum(s.trace is not None and s.trace.finish_reason == FinishReason.LENGTH for s in steps) / n_s,
         "failed_rate": sum(bool(r.meta.get("failed")) for r in rollouts) / n_r,
         "error_count": float(errors),
         "error_rate": errors / n_r,

@@ -67,8 +67,11 @@ class RichLogger:
     the first and last step, at every step with eval metrics, and otherwise at most every
     ``LUDIC_PROGRESS_EVERY`` seconds, so CI logs stay short."""
 
-    def __init__(self, total_steps: int | None = None, keys: tuple[str, ...] = KEY_METRICS, desc: str = "train") -> None:
-        self.keys = keys
+    def __init__(self, total_steps: int | None = None, keys: tuple[str, ...] = KEY_METRICS, desc: str = "train",
+                 label: str = "") -> None:
+        self.keys, self.label = keys, label
+        """``label``: a stage's name before each step line (``[format demos] step 1/10``), so a cold start's SFT
+        steps do not read as RL steps."""
         self.progress = Progress(desc, total_steps, unit="step", stream=sys.stdout)
         self._first = True
 
@@ -84,9 +87,9 @@ class RichLogger:
         evals = {k: v for k, v in vals.items() if k.startswith(("env/", "eval/"))}
         bar = self.progress
         first, self._first = self._first, False
-        if first:  # a resumed run starts mid-way: the ETA counts the steps run in this process
-            bar.start = bar.n = step - 1
-        head = f"step {step}" + (f"/{self.total}" if self.total else "")
+        if first:  # the ETA counts the steps after this one, in this process: not the evaluations and set-up
+            bar.n, bar.start, bar.t0 = step - 1, step, time.monotonic()  # before it (a resumed run starts mid-way)
+        head = (f"[{self.label}] " if self.label else "") + f"step {step}" + (f"/{self.total}" if self.total else "")
         text = "  ".join(f"{k}={v:.4g}" for k, v in {**shown, **evals}.items())
         brief = {k: shown[k] for k in ("loss", "reward_mean", "win_rate") if k in shown}
         if bar.mode == "bar":
