@@ -88,3 +88,41 @@ def test_no_eta_until_enough_concurrent_units_are_done():
     assert bar.eta_s() is None and "eta" not in out.getvalue()
     bar.update(1)
     assert bar.eta_s() is not None and "eta" in out.getvalue().splitlines()[-1]
+
+
+def test_evaluation_progress_moves_as_episodes_finish_inside_one_generation_batch(tiny_model_dir, monkeypatch):
+    """The rollout engine counts an episode when it ends. The in-process engine generates every pending reply in
+    one batch; it used to hand the replies out only when the whole batch was done, so an evaluation's bar sat at
+    0 or 1 of 64 for minutes and jumped to 64/64. Now a reply is handed out at the decode step its row finishes:
+    on a real tiny model, episodes with shorter replies count while the batch still generates."""
+    import asyncio
+
+    from conftest import VowelEnv  # noqa: F401  (registers test_vowels)
+    from ludic.agents.agent import Agent
+    from ludic.context import FullDialog
+    from ludic.inference.client import SamplingParams
+    from ludic.inference.models import load_model, load_tokenizer
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.interaction import SingleAgentProtocol
+    from ludic.rollouts import engine as rollout_engine
+    from ludic.types import EnvSpec, RolloutRequest
+
+    model, tok = load_model(str(tiny_model_dir), dtype="float32"), load_tokenizer(str(tiny_model_dir))
+    llm = TransformersEngine(model, tok)
+    seen: list[tuple[int, int]] = []  # (episodes counted, generation batches finished) at each update
+
+    class Recording(Progress):
+        def update(self, n=1, **metrics):
+            super().update(n, **metrics)
+            seen.append((self.n, llm.stats["batches"]))
+
+    monkeypatch.setattr(rollout_engine, "Progress", Recording)
+    lengths = (2, 4, 6, 8, 10, 12)  # greedy replies of these many tokens (the random model rarely ends one early)
+    protos = {f"len{n}": (lambda n=n: SingleAgentProtocol(Agent(llm, FullDialog(), sampling=SamplingParams(
+        temperature=0.0, max_tokens=n), reject_incomplete=False))) for n in lengths}
+    reqs = [RolloutRequest(EnvSpec("test_vowels"), protocol=f"len{n}", env_seed=i) for i, n in enumerate(lengths)]
+    rollouts = asyncio.run(rollout_engine.RolloutEngine(protos, concurrency=8).generate_rollouts(reqs, progress="eval"))
+    assert len(rollouts) == len(lengths) and llm.stats["batches"] == 1  # one batch generated every reply
+    assert [n for n, _ in seen] == list(range(1, len(lengths) + 1))
+    during = [n for n, batches in seen if batches == 0]
+    assert len(during) >= len(lengths) - 2, seen  # counted while the batch still generated its longer rows

@@ -2,7 +2,10 @@
 
     ludic train env --env SPEC        GRPO + LoRA on any env: a registered name, textarena:ID,
                                       reasoning_gym:NAME, gem:ID, gym:ID or module:factory
-    ludic eval env --env SPEC         success rate (95% CI) and mean reward on held-out episodes
+    ludic eval env --env SPEC         success rate (95% CI) and mean reward on held-out episodes (--samples K: pass@k,
+                                      majority vote), written to a run folder runs/eval-<time>/
+    ludic eval rescore RUN_OR_FILE --reward module:function
+                                      score stored episodes again with another reward function (no generation)
     ludic train tictactoe [flags]     GRPO + LoRA on tic-tac-toe
     ludic train prompts [flags]       GRPO on a JSONL prompt dataset with a reward function
     ludic train qa [flags]            GRPO on graded QA / math answers (arith, JSONL, parquet, GSM8K; --tools)
@@ -197,6 +200,14 @@ def _eval_env(argv: list[str]) -> None:
     eval_env(parse_config(EvalEnvConfig, argv, prog="ludic eval env"))
 
 
+def _eval_rescore(argv: list[str]) -> None:
+    from ludic.eval.rescore import RescoreConfig, rescore
+
+    if argv and not argv[0].startswith("-"):  # RUN_OR_FILE first, as a positional argument
+        argv = ["--source", argv[0], *argv[1:]]
+    rescore(parse_config(RescoreConfig, argv, prog="ludic eval rescore"))
+
+
 def _eval_games(argv: list[str]) -> None:
     from ludic.recipes.games import EvalGamesConfig, eval_games
 
@@ -231,6 +242,7 @@ COMMANDS: dict[tuple[str, ...], Callable[[list[str]], None]] = {
     ("train", "prompts"): _train_prompts,
     ("train", "env"): _train_env,
     ("eval", "env"): _eval_env,
+    ("eval", "rescore"): _eval_rescore,
     ("train", "games"): _train_games,
     ("eval", "games"): _eval_games,
     ("train", "qa"): _train_qa,

@@ -4,10 +4,14 @@
 running episodes are queued and served together: a background task takes
 everything pending, runs one batched generation (prefill + KV-cached decode)
 on the event loop's own thread (``threaded=True``: a worker thread), and
-resolves each request's future. The loop is busy while a batch generates; the
-episodes are waiting for it anyway. A worker thread gets its own OpenMP team,
-and on 2 cores two teams slowed each other: rollouts took 40% longer than the
-bare engine and the trainer's step 3.2 s instead of 2.0 s. On this 2-core CPU one
+resolves each request's future at the decode step its row finishes, letting
+the loop run between such steps: an episode whose reply is done goes on (and
+an evaluation's progress counts it) while the batch's longer rows still
+generate (its next turn joins the next batch). The loop is busy otherwise
+while a batch generates; the episodes are waiting for it anyway. A worker
+thread gets its own OpenMP team, and on 2 cores two teams slowed each other:
+rollouts took 40% longer than the bare engine and the trainer's step 3.2 s
+instead of 2.0 s. On this 2-core CPU one
 sequence generates at ~15 tok/s while a batch of 32 reaches ~150 tok/s, so
 batching across episodes is what makes CPU rollouts practical.
 
@@ -36,7 +40,7 @@ import asyncio
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -153,20 +157,39 @@ class TransformersEngine:
             await self._wakeup.wait()
             self._wakeup.clear()
             await asyncio.sleep(self.batch_wait_s)  # let concurrent episodes join
-            while self._queue:
-                batch = self._queue[: self.max_batch_size]
-                del self._queue[: len(batch)]
-                try:
-                    assert self._gen_lock is not None
-                    async with self._gen_lock:
-                        results = await self._call(
-                            self.generate, [p.prompt_ids for p in batch], [p.request.sampling for p in batch]
-                        )
-                except Exception as e:  # surface as failed requests, keep serving
-                    results = [ChatResponse.failed(f"{type(e).__name__}: {e}", tuple(p.prompt_ids)) for p in batch]
-                for p, r in zip(batch, results):
+            if not self._queue:
+                continue
+            batch = self._queue[: self.max_batch_size]
+            del self._queue[: len(batch)]
+            if self._queue:  # the rest: the next batch, with the turns that arrive meanwhile
+                self._wakeup.set()
+            try:
+                assert self._gen_lock is not None
+                async with self._gen_lock:
+                    await self._serve(batch)
+            except Exception as e:  # surface as failed requests, keep serving
+                for p in batch:
                     if not p.future.done():
-                        p.future.set_result(r)
+                        p.future.set_result(ChatResponse.failed(f"{type(e).__name__}: {e}", tuple(p.prompt_ids)))
+
+    async def _serve(self, batch: list[_Pending]) -> None:
+        """Generate ``batch``, resolving each request's future at the step its row finishes (``generate_steps``)."""
+        prompts, sampling = [p.prompt_ids for p in batch], [p.request.sampling for p in batch]
+        if self.threaded:
+            loop = asyncio.get_running_loop()
+
+            def work() -> None:
+                for done in self.generate_steps(prompts, sampling):
+                    for i, r in done:
+                        loop.call_soon_threadsafe(_resolve, batch[i].future, r)
+
+            await asyncio.to_thread(work)
+            return
+        for done in self.generate_steps(prompts, sampling):
+            for i, r in done:
+                _resolve(batch[i].future, r)
+            if done:
+                await asyncio.sleep(0)  # the finished rows' episodes go on before the next decode step
 
     async def swap_weights(self, load: Any, version: int) -> None:
         """Run ``load()`` (which changes the model's weights) between two generation batches and
@@ -188,24 +211,41 @@ class TransformersEngine:
         self._static = None
 
     # -- batched generation -------------------------------------------------
-    @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: list[SamplingParams]) -> list[ChatResponse]:
         """Generate one completion per prompt in a single batch (synchronous)."""
+        out: list[Any] = [None] * len(prompts)
+        for done in self.generate_steps(prompts, sampling):
+            for i, r in done:
+                out[i] = r
+        return out
+
+    def generate_steps(self, prompts: list[list[int]], sampling: list[SamplingParams]
+                       ) -> Iterator[list[tuple[int, ChatResponse]]]:
+        """``generate`` one decode step at a time: after each step, the ``(index, response)`` of the rows that
+        finished at it (often none); every row finishes once."""
         if not prompts:
-            return []
+            return
         t0 = time.perf_counter()
         was_training = self.model.training
         self.model.eval()
+        tokens = 0
         try:
-            out = self._generate(self._decode_model(), prompts, sampling)
+            with torch.no_grad():  # entered per step: the loop runs other code between steps, with its own grad mode
+                rows = self._generate(self._decode_model(), prompts, sampling)
+            while True:
+                with torch.no_grad():
+                    done = next(rows, None)
+                if done is None:
+                    break
+                tokens += sum(len(r.trace.completion_ids) for _, r in done)
+                yield done
         finally:
             if was_training:
                 self.model.train()
         self.stats["batches"] += 1
         self.stats["sequences"] += len(prompts)
-        self.stats["tokens"] += sum(len(r.trace.completion_ids) for r in out)
+        self.stats["tokens"] += tokens
         self.stats["seconds"] += time.perf_counter() - t0
-        return out
 
     def _decode_model(self) -> Any:
         """The module to decode with: the model, or its LoRA decode view (``cast_adapters`` and the
@@ -236,7 +276,9 @@ class TransformersEngine:
             self._static = (model, StaticDecoder.build(model))
         return self._static[1]
 
-    def _generate(self, model: Any, prompts: list[list[int]], sampling: list[SamplingParams]) -> list[ChatResponse]:
+    def _generate(self, model: Any, prompts: list[list[int]], sampling: list[SamplingParams]
+                  ) -> Iterator[list[tuple[int, ChatResponse]]]:
+        """The batch's decode steps (``generate_steps``): after each, the rows that finished at it."""
         B, dev = len(prompts), self.device
         # Each distinct prompt is prefilled once (a GRPO group is one prompt sampled many times), and a
         # prefix shared by all of them (the system prompt) once for all; rows then gather their prompt's
@@ -246,11 +288,9 @@ class TransformersEngine:
         keys = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
         order = sorted(range(B), key=keys.__getitem__)
         if order != list(range(B)):
-            done = self._generate(model, [prompts[i] for i in order], [sampling[i] for i in order])
-            out: list[Any] = [None] * B
-            for j, i in enumerate(order):
-                out[i] = done[j]
-            return out
+            for done in self._generate(model, [prompts[i] for i in order], [sampling[i] for i in order]):
+                yield [(order[j], r) for j, r in done]
+            return
         row_of = torch.tensor(keys, device=dev)
         unique = [list(p) for p in distinct]
         U = len(unique)
@@ -295,10 +335,22 @@ class TransformersEngine:
         versions: list[list[int]] = [[] for _ in range(B)]
         finish: list[FinishReason | None] = [None] * B
         texts: list[str | None] = [None] * B
-        for step in range(steps):
+
+        def response(i: int) -> ChatResponse:
+            text = texts[i] if texts[i] is not None else self._tokenizer.decode(tokens[i], skip_special_tokens=True)
+            trace = TokenTrace(
+                prompt_ids=tuple(prompts[i]), completion_ids=tuple(tokens[i]), logprobs=tuple(logps[i]),
+                policy_versions=tuple(versions[i]), finish_reason=finish[i] or FinishReason.LENGTH,
+                temperature=sampling[i].temperature, top_p=sampling[i].top_p, top_k=sampling[i].top_k,
+            )
+            return ChatResponse(text=text, trace=trace, info={"batch_size": B})
+
+        finished: list[int] = []
+        for _ in range(steps):
             chosen, chosen_logp = _sample(logits, temps, top_ps, top_ks, gens)
             ids, lps = chosen.tolist(), chosen_logp.tolist()
             version = self.policy_version
+            finished = []
             for i in range(B):
                 if finish[i] is not None:
                     continue
@@ -312,8 +364,11 @@ class TransformersEngine:
                     finish[i], texts[i] = FinishReason.STOP, cut
                 elif len(tokens[i]) >= max_new[i]:
                     finish[i] = FinishReason.LENGTH
+                if finish[i] is not None:
+                    finished.append(i)
             if all(f is not None for f in finish):
                 break
+            yield [(i, response(i)) for i in finished]
             nxt = torch.tensor(
                 [tokens[i][-1] if finish[i] is None else self.pad_id for i in range(B)],
                 dtype=torch.long, device=dev,
@@ -330,17 +385,13 @@ class TransformersEngine:
             past = out.past_key_values
             logits = out.logits[:, -1, :].float()
 
-        results = []
-        for i in range(B):
-            reason = finish[i] or FinishReason.LENGTH
-            text = texts[i] if texts[i] is not None else self._tokenizer.decode(tokens[i], skip_special_tokens=True)
-            trace = TokenTrace(
-                prompt_ids=tuple(prompts[i]), completion_ids=tuple(tokens[i]),
-                logprobs=tuple(logps[i]), policy_versions=tuple(versions[i]), finish_reason=reason,
-                temperature=sampling[i].temperature, top_p=sampling[i].top_p, top_k=sampling[i].top_k,
-            )
-            results.append(ChatResponse(text=text, trace=trace, info={"batch_size": B}))
-        return results
+        yield [(i, response(i)) for i in range(B) if finish[i] is None or i in finished]  # the last step's (or none)
+
+
+def _resolve(future: asyncio.Future, response: ChatResponse) -> None:
+    """Hand a finished row's response to its request (unless the request was already answered or cancelled)."""
+    if not future.done():
+        future.set_result(response)
 
 
 def _last(n: int, device: Any = None) -> torch.Tensor:

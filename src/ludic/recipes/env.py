@@ -41,8 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from ludic.errors import TrainingStopped, UsageError
+from ludic.eval.samples import expand_samples
 from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock, kept_summary, load_policy_for
-from ludic.recipes.common import StepBudget, may_evaluate, train_until_stop
+from ludic.recipes.common import StepBudget, default_run_dir, may_evaluate, train_until_stop
 from ludic.recipes.env_setup import (INSTANCES_FILE, EnvConfig, TrainingSeeds, env_metrics, eval_requests,
                                      evaluate_episodes, format_summary, held_out_for, opponent_suite, probe_env,
                                      protocols, register_python_env, trained_overlap, write_instances)
@@ -96,8 +97,14 @@ class EvalEnvConfig(ModelBlock):
 
     env: EnvConfig = field(default_factory=EnvConfig)
     episodes: int = 64
+    """Test instances (``held_out_for``: distinct ones, the test set ``ludic train env`` holds out)."""
+    samples: int = 1
+    """Episodes per test instance, each with its own sampling seed: pass@k (k = 1, 2, 4, ..., samples), mean success
+    and majority vote (``eval.samples``); more than 1 wants --temperature above 0."""
     temperature: float = 0.0
-    out: str = "env_eval.jsonl"
+    out: str = ""
+    """The episodes' JSONL (one rollout a line, ``meta.problem`` / ``meta.sample``), its summary beside it
+    (``<stem>.summary.json``); default: a new run folder ``runs/eval-<time>/`` (samples.jsonl, summary.json)."""
     seed: int = 0
 
 
@@ -410,16 +417,24 @@ async def _eval_env(cfg: EvalEnvConfig) -> dict[str, Any]:
     protos = protocols(engine, cfg.env, env, sampling, frozen, SamplingParams(temperature=0.0,
                                                                                max_tokens=cfg.env.max_completion_tokens))
     held = held_out_for(cfg.env, cfg.episodes, 0, cfg.seed)  # the test set ``ludic train env`` builds
-    m = await evaluate_episodes(protos, eval_requests(cfg.env, env, [seed for seed, _ in held.test]), Path(cfg.out),
-                                desc="eval env")
+    if cfg.samples > 1 and cfg.temperature <= 0:
+        print(f"WARNING: --samples {cfg.samples} at --temperature 0: greedy samples of one instance are identical "
+              "(pass@k = pass@1); sample at a temperature above 0", flush=True)
+    out = Path(cfg.out) if cfg.out else default_run_dir("eval") / "samples.jsonl"
+    m = await evaluate_episodes(protos, expand_samples(eval_requests(cfg.env, env, [seed for seed, _ in held.test]),
+                                                       cfg.samples), out, desc="eval env")
     m["instances"] = trained_overlap(held, cfg.adapter)
     print(format_summary(f"{cfg.env.env}" + (" vs the base model" if frozen else ""), m))
     if frozen is not None:  # the opponents it may never have trained against (eval.opponents)
         suite = opponent_suite(cfg.env, env, engine, tok, [seed for seed, _ in held.test], sampling, seed=cfg.seed)
         for name, (opp_protos, reqs) in suite.items():
-            out = Path(cfg.out).with_name(f"{Path(cfg.out).stem}_vs_{name}.jsonl")
-            m.setdefault("opponents", {})[name] = vs = await evaluate_episodes(opp_protos, reqs, out, desc=f"vs {name}")
+            opp_out = out.with_name(f"{out.stem}_vs_{name}.jsonl")
+            m.setdefault("opponents", {})[name] = vs = await evaluate_episodes(
+                opp_protos, expand_samples(reqs, cfg.samples), opp_out, desc=f"vs {name}")
             print(format_summary(f"{cfg.env.env} vs {name}", vs))
+    summary = out.parent / "summary.json" if not cfg.out else out.with_name(f"{out.stem}.summary.json")
+    summary.write_text(json.dumps({"env": cfg.env.env, "temperature": cfg.temperature, **m, "config": asdict(cfg)},
+                                  indent=2, default=str))
     print(f"instances: {m['instances']['note']}")
-    print(f"episodes written to {cfg.out}")
+    print(f"episodes written to {out}, summary to {summary}")
     return m

@@ -149,27 +149,26 @@ def env_metrics(rollouts: Sequence[Rollout]) -> dict[str, float]:
     return out
 
 
-def summarize(rollouts: Sequence[Rollout]) -> dict[str, Any]:
-    """Success rate with a 95% Wilson interval, mean reward with a normal 95% interval, per episode."""
-    from ludic.eval.stats import Z95, wilson_interval
-
+def summarize(rollouts: Sequence[Rollout], seed: int = 0) -> dict[str, Any]:
+    """The policy's episodes (its seat's, not a frozen opponent's) summarised by ``eval.samples.sample_summary``:
+    success rate and pass@k with 95% intervals over problems (Wilson for one episode per problem; ``seed``: the
+    bootstrap's where problems have several), mean reward with a normal one, majority vote where episodes are samples
+    of one problem (``meta["problem"]``: ``eval.samples.expand_samples``; else each episode is a problem of its own),
+    and the episodes' failure, parse-error and forfeit rates."""
     from ludic.eval.opponents import won_by_forfeit
+    from ludic.eval.samples import outcome_of, sample_summary
 
     trained = [r for r in rollouts if r.meta.get("trainable", True)]
     ok = [r for r in trained if not r.meta.get("failed")]
-    wins = sum(episode_success(r) >= 1.0 for r in ok)
     forfeits = sum(episode_success(r) >= 1.0 and won_by_forfeit(r) for r in ok)
     n = len(trained)
-    lo, hi = wilson_interval(wins, n)
-    rewards = [r.total_reward for r in ok] or [0.0]
-    mean = statistics.fmean(rewards)
-    half = Z95 * statistics.pstdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.0
-    return {"episodes": n, "success_rate": wins / n if n else 0.0, "success_ci95_low": lo, "success_ci95_high": hi,
-            "reward_mean": mean, "reward_ci95_low": mean - half, "reward_ci95_high": mean + half,
-            "failed_rate": (n - len(ok)) / n if n else 0.0,
+    out = sample_summary([outcome_of(r, r.meta.get("problem", ("episode", i))) for i, r in enumerate(trained)],
+                         seed=seed)
+    return {"episodes": n, **out, "failed_rate": (n - len(ok)) / n if n else 0.0,
             "parse_error_rate": statistics.fmean(any(s.parse_error for s in r.steps) for r in ok) if ok else 0.0,
             "turns_mean": statistics.fmean(turns(r) for r in ok) if ok else 0.0,
-            "forfeit_win_rate": forfeits / n if n else 0.0, "play_win_rate": (wins - forfeits) / n if n else 0.0}
+            "forfeit_win_rate": forfeits / n if n else 0.0,
+            "play_win_rate": out["success_rate"] - forfeits / n if n else 0.0}
 
 
 def eval_requests(opts: EnvConfig, env: Any, seeds: Sequence[int]) -> list[RolloutRequest]:
@@ -255,12 +254,16 @@ async def evaluate_episodes(protos: dict[str, Callable[[], Any]], reqs: list[Rol
 
 
 def format_summary(name: str, m: dict[str, Any]) -> str:
+    """A summary (``summarize``) in a line; with several samples per problem, its pass@k and majority vote below."""
+    from ludic.eval.samples import format_sample_metrics
+
     forfeit = (f" ({m['play_win_rate'] * 100:.1f}% in play, {m['forfeit_win_rate'] * 100:.1f}% by the opponent's "
                "invalid move or forfeit)" if m.get("forfeit_win_rate") else "")
     return (f"{name}: success {m['success_rate'] * 100:.1f}% (95% CI {m['success_ci95_low'] * 100:.1f}-"
             f"{m['success_ci95_high'] * 100:.1f}%){forfeit}, reward {m['reward_mean']:.3f} "
             f"({m['reward_ci95_low']:.3f} to {m['reward_ci95_high']:.3f}) on {m['episodes']} episodes, "
-            f"{m['turns_mean']:.1f} turns, failed {m['failed_rate'] * 100:.1f}%")
+            f"{m['turns_mean']:.1f} turns, failed {m['failed_rate'] * 100:.1f}%"
+            + (f"\n  {format_sample_metrics(m)}" if m.get("samples", 1) > 1 else ""))
 
 
 def opponent_suite(opts: EnvConfig, env: Any, policy: Any, tok: Any, seeds: Sequence[int], greedy: Any, *,

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import random
-import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -26,6 +24,7 @@ from typing import Any, Sequence
 from ludic.recipes.blocks import (EvalInferenceBlock, GRPOBlock, InferenceBlock, LoraBlock, ModelBlock, TrainRunBlock,
                                   kept_summary, load_policy_for)
 from ludic.recipes.common import may_evaluate, train_until_stop
+from ludic.eval.stats import pass_at_k  # noqa: F401  (re-exported: its home before eval.stats)
 from ludic.training.config import TrainerConfig
 from ludic.types import Rollout
 
@@ -129,34 +128,30 @@ def _outcome(r: Rollout) -> dict[str, Any]:
     }
 
 
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct (Chen et al. 2021)."""
-    if n - c < k:
-        return 1.0
-    return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
-
-
 def qa_metrics(outcomes: Sequence[dict], samples: int, ks: Sequence[int]) -> dict[str, Any]:
-    """accuracy (mean over samples) with a 95% Wilson interval over records, pass@k, parse-error rate."""
-    from ludic.eval.stats import wilson_interval
+    """accuracy (mean over samples) with its 95% interval over records, pass@k (k in ``ks`` up to ``samples``) and
+    majority vote over the parsed answers (``eval.samples.sample_summary``), parse-error rate."""
+    from ludic.eval.samples import SampleOutcome, normalize_answer, sample_summary
 
-    by_id: dict[Any, list[dict]] = {}
+    drawn: dict[Any, int] = {}  # samples of each record so far
+    samples_of = []
     for o in outcomes:
-        by_id.setdefault(o["id"], []).append(o)
-    n_ok = sum(o["correct"] for o in outcomes)
-    lo, hi = wilson_interval(n_ok, len(outcomes))
-    out: dict[str, Any] = {
-        "records": len(by_id), "samples": samples, "accuracy": n_ok / max(len(outcomes), 1),
-        "accuracy_ci95_low": lo, "accuracy_ci95_high": hi,
-        "parse_error_rate": sum(o["parse_error"] for o in outcomes) / max(len(outcomes), 1),
-        "failed_rate": sum(o["failed"] for o in outcomes) / max(len(outcomes), 1),
-        "tool_calls_per_episode": sum(o["tool_calls"] for o in outcomes) / max(len(outcomes), 1),
+        drawn[o["id"]] = j = drawn.get(o["id"], -1) + 1
+        samples_of.append(SampleOutcome(problem=o["id"], sample=j, success=bool(o["correct"]),
+                                        reward=None if o["failed"] else float(o["correct"]),
+                                        answer=normalize_answer(o["parsed"])))
+    m = sample_summary(samples_of, ks=[k for k in ks if k <= samples])
+    n = max(len(outcomes), 1)
+    return {
+        "records": m["problems"], "samples": samples, "accuracy": m["success_rate"],
+        "accuracy_ci95_low": m["success_ci95_low"], "accuracy_ci95_high": m["success_ci95_high"],
+        "parse_error_rate": sum(o["parse_error"] for o in outcomes) / n,
+        "failed_rate": sum(o["failed"] for o in outcomes) / n,
+        "tool_calls_per_episode": sum(o["tool_calls"] for o in outcomes) / n,
+        **{k: v for k, v in m.items() if k.startswith(("pass@", "cons@"))},
+        "ci95_method": {("accuracy" if k == "success_rate" else k): v for k, v in m["ci95_method"].items()
+                        if k != "reward_mean"},
     }
-    for k in ks:
-        if k <= samples:
-            out[f"pass@{k}"] = statistics.fmean(
-                pass_at_k(len(v), sum(o["correct"] for o in v), k) for v in by_id.values())
-    return out
 
 
 async def evaluate_records(client: Any, opts: QAOptions, records: Sequence[dict], *, samples: int = 1,

@@ -1,0 +1,142 @@
+"""Several samples per problem, and what an evaluation reports from them: the one summary every Ludic evaluation uses.
+
+A *problem* is one test instance (a question, a game's deal); a *sample* is one episode on it, with its own
+sampling seed. ``ludic eval env --samples K`` plays K samples of every test instance (``expand_samples``); ``ludic
+train env``'s test stages (``recipes.env_setup.summarize``), ``ludic train qa`` / ``ludic eval qa``
+(``recipes.qa.qa_metrics``) and ``ludic eval rescore`` all summarise their episodes with ``sample_summary``:
+
+- ``success_rate``: the mean success over all samples (over problems of each problem's rate: the same when every
+  problem has as many samples);
+- ``pass@k`` for k = 1, 2, 4, ..., K (``eval.stats.pass_ks``), the unbiased estimator of Chen et al. 2021
+  (``eval.stats.pass_at_k`` per problem, averaged over problems);
+- ``cons@K``, majority vote, where episodes name an answer (the last step's ``info["answer"]``, which reasoning-gym
+  sets, else ``info["predicted"]``, which the QA env sets; a hedged reply, ``info["hedged"]``, does not vote): the
+  most common answer among a problem's samples (ties: the one sampled first) is scored with what the env scored
+  for it (the problem counts as solved when a sample giving that answer succeeded);
+- ``reward_mean``, over the samples that did not fail, with a normal interval over problems;
+
+each with a 95% interval over problems (``eval.stats.mean_interval``: Wilson where every problem's value is 0 or 1,
+a seeded bootstrap over problems otherwise; ``ci95_method`` says which each metric got).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+from ludic.errors import UsageError
+from ludic.eval.stats import Z95, mean_interval, pass_at_k, pass_ks
+from ludic.rollouts.engine import episode_success
+from ludic.types import Rollout, RolloutRequest
+
+
+@dataclass(frozen=True)
+class SampleOutcome:
+    """One sample's result, as the summary reads it."""
+
+    problem: Any
+    """The problem (test instance) it samples: a hashable key."""
+    sample: int
+    """Its index among the problem's samples."""
+    success: bool
+    """Solved (``rollouts.engine.episode_success`` of a full score; a failed episode is not)."""
+    reward: float | None = None
+    """Its total reward; None for a failed episode (left out of the reward mean)."""
+    answer: str | None = None
+    """The answer it gave (whitespace normalised), for the majority vote; None: no answer, or a hedged one."""
+
+
+def expand_samples(requests: Sequence[RolloutRequest], k: int) -> list[RolloutRequest]:
+    """Each request (one problem) ``k`` times, problem-major, with ``meta["problem"]`` (the request's index) and
+    ``meta["sample"]`` (0..k-1), and sampling seed ``base * k + j`` (``base``: the request's own seed, else its
+    index): distinct seeds, and with ``k=1`` the request's own."""
+    if k < 1:
+        raise UsageError(f"samples per problem (--samples) must be at least 1, got {k}")
+    out = []
+    for i, req in enumerate(requests):
+        base = req.sampling_seed if req.sampling_seed is not None else i
+        out += [replace(req, sampling_seed=base * k + j, meta={**req.meta, "problem": i, "sample": j})
+                for j in range(k)]
+    return out
+
+
+def normalize_answer(answer: Any) -> str | None:
+    """The answer as the vote compares it: its text with whitespace collapsed (None stays None)."""
+    return None if answer is None else " ".join(str(answer).split())
+
+
+def problem_key(r: Rollout) -> str:
+    """The problem an episode samples: ``meta["problem"]`` (``expand_samples``), else its env, kwargs and seed."""
+    if "problem" in r.meta:
+        return str(r.meta["problem"])
+    return json.dumps([r.meta.get("env_kind"), r.meta.get("env_kwargs"), r.meta.get("env_seed")], sort_keys=True,
+                      default=str)
+
+
+def outcome_of(r: Rollout, problem: Any = None) -> SampleOutcome:
+    """A rollout's ``SampleOutcome`` (``problem``: default ``problem_key``)."""
+    failed = bool(r.meta.get("failed"))
+    info = r.steps[-1].info if r.steps else {}
+    answer = None if info.get("hedged") else normalize_answer(info.get("answer", info.get("predicted")))
+    return SampleOutcome(problem=problem_key(r) if problem is None else problem, sample=int(r.meta.get("sample", 0)),
+                         success=not failed and episode_success(r) >= 1.0,
+                         reward=None if failed else r.total_reward, answer=answer)
+
+
+def majority_vote(outcomes: Sequence[SampleOutcome]) -> tuple[str, bool] | None:
+    """``(answer, solved)`` of one problem's samples: the most common answer (ties: the first sampled) and whether a
+    sample giving it succeeded; None when no sample gave an answer."""
+    ordered = sorted(outcomes, key=lambda o: o.sample)
+    votes = Counter(o.answer for o in ordered if o.answer is not None)
+    if not votes:
+        return None
+    answer = max(votes, key=votes.__getitem__)  # the first of the most common, in sample order
+    return answer, any(o.success for o in ordered if o.answer == answer)
+
+
+def _groups(outcomes: Sequence[SampleOutcome]) -> list[list[SampleOutcome]]:
+    by: dict[Any, list[SampleOutcome]] = {}
+    for o in outcomes:
+        by.setdefault(o.problem, []).append(o)
+    return list(by.values())
+
+
+def sample_summary(outcomes: Sequence[SampleOutcome], ks: Sequence[int] | None = None,
+                   seed: int = 0) -> dict[str, Any]:
+    """The summary of the module docstring. ``ks``: the pass@k to report (default ``pass_ks`` of the fewest samples
+    any problem has; a k above that is left out); ``seed``: the bootstrap's."""
+    groups = _groups(outcomes)
+    k_max = min((len(g) for g in groups), default=0)
+    out: dict[str, Any] = {"problems": len(groups), "samples": k_max}
+    method: dict[str, str] = {}
+
+    def put(name: str, values: list[float], key: str | None = None) -> None:
+        key = key or name
+        out[name] = statistics.fmean(values) if values else 0.0
+        out[f"{key}_ci95_low"], out[f"{key}_ci95_high"], method[name] = mean_interval(values, seed)
+
+    put("success_rate", [statistics.fmean(o.success for o in g) for g in groups], "success")
+    for k in pass_ks(k_max) if ks is None else [k for k in ks if 1 <= k <= k_max]:
+        put(f"pass@{k}", [pass_at_k(len(g), sum(o.success for o in g), k) for g in groups])
+    if k_max > 1 and any(o.answer is not None for o in outcomes):
+        put(f"cons@{k_max}", [float(bool(v and v[1])) for v in map(majority_vote, groups)])
+    rewards = [statistics.fmean(r) for g in groups if (r := [o.reward for o in g if o.reward is not None])] or [0.0]
+    mean = statistics.fmean(rewards)
+    half = Z95 * statistics.pstdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.0
+    out.update(reward_mean=mean, reward_ci95_low=mean - half, reward_ci95_high=mean + half)
+    out["ci95_method"] = {**method, "reward_mean": "normal"}
+    return out
+
+
+def format_sample_metrics(m: dict[str, Any]) -> str:
+    """One line of a summary's pass@k and majority vote with their intervals (empty when it has none)."""
+    parts = [f"{k} {m[k] * 100:.1f}% ({m[k + '_ci95_low'] * 100:.1f}-{m[k + '_ci95_high'] * 100:.1f}%)"
+             for k in m if k.startswith(("pass@", "cons@")) and not k.endswith(("_low", "_high"))]
+    if not parts:
+        return ""
+    return (f"{m['problems']} problems x {m['samples']} samples: " + ", ".join(parts)
+            + f" (95% CI: {', '.join(sorted(set(m.get('ci95_method', {}).values()) - {'normal'}))})")
