@@ -40,6 +40,9 @@ class EnvConfig:
     max_completion_tokens: int = 64
     opponent: str = "self"
     """Multi-player envs: self (self-play, every seat trains) | frozen (the starting policy, frozen)."""
+    tools: str = ""
+    """Python functions the agent may call (Ludic's ToolAgent), as module:function,module:function (``ludic.train``
+    takes the callables); an env's own tools (``env.tools``) join them."""
 
     def kwargs(self) -> dict[str, Any]:
         if not self.env_kwargs:
@@ -86,11 +89,70 @@ def _eval_kwargs(opts: EnvConfig) -> dict[str, Any]:
     return kw
 
 
+_TOOLS: dict[str, Callable[..., Any]] = {}
+"""Tools given as callables (``ludic.train(tools=[...])``), by the name ``tool_spec`` records in the config."""
+
+
+def tool_spec(fn: Any) -> str:
+    """The config's name for a tool: ``module:function`` where that imports back to ``fn`` (a later
+    ``--tools`` can use it), else ``python:module.qualname``, registered for this process."""
+    from ludic.agents.tools import Tool
+
+    if isinstance(fn, str):
+        return fn
+    target = fn.fn if isinstance(fn, Tool) else fn
+    if not callable(target):
+        raise TypeError(f"tools: {fn!r} is not a function")
+    module, qualname = getattr(target, "__module__", "?"), getattr(target, "__qualname__", repr(target))
+    importable = module != "__main__" and "<" not in qualname and "." not in qualname
+    name = f"{module}:{qualname}" if importable else f"python:{module}.{qualname}"
+    _TOOLS[name] = fn
+    return name
+
+
+def resolve_tools(spec: str) -> list[Any]:
+    """``"module:function,..."`` (or names ``tool_spec`` registered) -> the callables; errors name the entry."""
+    from ludic.envs.registry import import_attr
+
+    out = []
+    for name in (p.strip() for p in spec.split(",") if p.strip()):
+        if name in _TOOLS:
+            out.append(_TOOLS[name])
+            continue
+        if name.startswith("python:"):
+            raise UsageError(f"--tools {name!r}: a function given to ludic.train(tools=...) that does not import "
+                             "back (defined in __main__ or in a function) serves one process only: give "
+                             "module:function")
+        try:
+            fn = import_attr(name) if ":" in name else None
+        except (ImportError, AttributeError) as e:
+            raise UsageError(f"--tools {name!r} does not import ({type(e).__name__}: {e})") from e
+        if not callable(fn):
+            raise UsageError(f"--tools {name!r}: give module:function (a Python function the agent may call)")
+        out.append(fn)
+    return out
+
+
+def agent_tools(opts: EnvConfig, env: Any) -> list[Any]:
+    """The agent's tools: the env's own (``env.tools``) and ``opts.tools``."""
+    return [*getattr(env, "tools", []), *resolve_tools(opts.tools)]
+
+
 def make_agent(client: Any, opts: EnvConfig, env: Any, sampling: Any) -> Any:
+    """The policy's agent: a plain ``Agent`` (no parser: the env reads the raw reply), or Ludic's ``ToolAgent``
+    when there are tools (``agent_tools``)."""
     from ludic.agents.agent import Agent
     from ludic.context import make_context
 
     ctx = opts.context if opts.context != "auto" else getattr(env, "preferred_context", "full")
+    tools = agent_tools(opts, env)
+    if tools:
+        from ludic.agents.tools import ToolAgent
+
+        context = make_context(ctx, opts.system_prompt)
+        if context.history_free:
+            raise UsageError(f"tools need a context that keeps tool results (full or truncated), not {ctx!r}")
+        return ToolAgent(client, tools, context, sampling=sampling, reject_incomplete=False)
     return Agent(client, make_context(ctx, opts.system_prompt), sampling=sampling, reject_incomplete=False)
 
 
@@ -102,7 +164,12 @@ def protocols(policy: Any, opts: EnvConfig, env: Any, sampling: Any, frozen: Any
 
     ids = env.agent_ids
     if len(ids) == 1:
-        return {"single_agent": lambda: SingleAgentProtocol(make_agent(policy, opts, env, sampling))}
+        def single() -> Any:
+            agent = make_agent(policy, opts, env, sampling)  # a tool agent's calls come on top of the env's turns
+            return SingleAgentProtocol(agent, extra_steps=getattr(agent, "max_tool_calls", 0))
+        return {"single_agent": single}
+    if agent_tools(opts, env):
+        raise UsageError(f"tools: {opts.env} has {len(ids)} players; tools are for single-agent envs")
     out: dict[str, Callable[[], Any]] = {
         "self": lambda: MultiAgentProtocol({a: make_agent(policy, opts, env, sampling) for a in ids})}
     if frozen is not None:
