@@ -44,6 +44,8 @@ class SingleAgentProtocol(InteractionProtocol):
                 obs, meta["reset_info"] = env.reset(seed=env_seed)[aid]
             steps += no_turn_steps_at_reset(env, {aid: obs}).values()  # the game ended before its first turn
             self.agent.reset(env.suggested_sysprompt)
+            if getattr(env, "opening_messages", None):
+                self.agent.open_dialog(env.opening_messages)
             self.agent.observe(obs)
             for i in range(max_steps + self.extra_steps):
                 if aid not in env.active_agents:

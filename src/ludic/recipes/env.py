@@ -5,12 +5,14 @@
     ludic train env --env textarena:TicTacToe-v0 --opponent frozen     two players: vs the starting policy
     ludic train env --env gem:game:Mastermind-v0-easy
     ludic train env --env my_package.envs:MyEnv --env-kwargs '{"size": 5}'
+    ludic train env --env verifiers:my_taskset                           a verifiers environment, its rubric the reward
     ludic train env --env my_package.envs:MyEnv --tools my_package.tools:lookup   the agent may call lookup(...)
     ludic eval env --env reasoning_gym:leg_counting --adapter runs/env-.../final
 
 ``--env`` takes every env kind ``ludic.envs.registry`` knows: a registered name, an adapter prefix
-(``textarena:``, ``reasoning_gym:``, ``gem:``, ``gym:``) or an import path to a ``LudicEnv`` factory.
-``--tools`` gives the agent Python functions to call (``ToolAgent``; an env's own ``tools`` join them).
+(``textarena:``, ``reasoning_gym:``, ``verifiers:``, ``gem:``, ``gym:``) or an import path to a ``LudicEnv`` factory.
+``--tools`` gives the agent Python functions to call (``ToolAgent``; an env's own tools, as a verifiers toolset's,
+join them).
 
 The run: the packaged model with a LoRA adapter, GRPO (groups of ``group_size`` episodes from one env
 seed), the env's own rewards. It evaluates greedily on held-out seeds (``eval_episodes``) before and

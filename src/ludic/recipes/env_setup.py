@@ -28,7 +28,8 @@ class EnvConfig:
     """Env: which environment, and how the agent sees and answers it (train env and eval env)."""
 
     env: str = ""
-    """An env kind: registered name | textarena:ID | reasoning_gym:NAME | gem:ID | gym:ID | module:factory."""
+    """An env kind: registered name | textarena:ID | reasoning_gym:NAME | verifiers:ID | gem:ID | gym:ID |
+    module:factory."""
     env_kwargs: str = ""
     """JSON object of keyword arguments for the env factory, e.g. '{"config": {"min_animals": 2}}'."""
     system_prompt: str | None = None
@@ -42,7 +43,7 @@ class EnvConfig:
     """Multi-player envs: self (self-play, every seat trains) | frozen (the starting policy, frozen)."""
     tools: str = ""
     """Python functions the agent may call (Ludic's ToolAgent), as module:function,module:function (``ludic.train``
-    takes the callables); an env's own tools (``env.tools``) join them."""
+    takes the callables); an env's own tools (a verifiers toolset) join them."""
 
     def kwargs(self) -> dict[str, Any]:
         if not self.env_kwargs:
@@ -74,17 +75,22 @@ def probe_env(opts: EnvConfig) -> Any:
     from ludic.envs.registry import make_env
 
     if not opts.env:
-        raise UsageError("--env is required: a registered name, textarena:ID, reasoning_gym:NAME, gem:ID or module:factory")
+        raise UsageError("--env is required: a registered name, textarena:ID, reasoning_gym:NAME, verifiers:ID, "
+                         "gem:ID or module:factory")
     try:
         return make_env(EnvSpec(opts.env, opts.kwargs()))
     except KeyError as e:
         raise UsageError(str(e.args[0]) if e.args else str(e)) from e
 
 
+SPLIT_ADAPTERS = ("reasoning_gym:", "verifiers:")
+"""Adapters with a split of their own: their held-out episodes take ``split="eval"``."""
+
+
 def _eval_kwargs(opts: EnvConfig) -> dict[str, Any]:
-    """Held-out episodes: an env with its own split (reasoning-gym) takes split='eval'."""
+    """Held-out episodes: an env with its own split (reasoning-gym, verifiers) takes split='eval'."""
     kw = opts.kwargs()
-    if opts.env.startswith("reasoning_gym:"):
+    if opts.env.startswith(SPLIT_ADAPTERS):
         kw.setdefault("split", "eval")
     return kw
 
@@ -134,7 +140,7 @@ def resolve_tools(spec: str) -> list[Any]:
 
 
 def agent_tools(opts: EnvConfig, env: Any) -> list[Any]:
-    """The agent's tools: the env's own (``env.tools``) and ``opts.tools``."""
+    """The agent's tools: the env's own (``env.tools``, e.g. a verifiers toolset's) and ``opts.tools``."""
     return [*getattr(env, "tools", []), *resolve_tools(opts.tools)]
 
 
