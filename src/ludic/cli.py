@@ -1,7 +1,8 @@
 """The ``ludic`` command.
 
     ludic train env --env SPEC        GRPO + LoRA on any env: a registered name, textarena:ID,
-                                      reasoning_gym:NAME, gem:ID, gym:ID or module:factory
+                                      reasoning_gym:NAME, verifiers:ID, gem:ID, gym:ID or module:factory;
+                                      --tools module:function,... for a tool-calling agent
     ludic eval env --env SPEC         success rate (95% CI) and mean reward on held-out episodes (--samples K: pass@k,
                                       majority vote), written to a run folder runs/eval-<time>/
     ludic eval rescore RUN_OR_FILE --reward module:function

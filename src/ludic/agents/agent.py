@@ -96,6 +96,11 @@ class Agent:
         self._prev = None
         self._turn = 0
 
+    def open_dialog(self, messages: list[Message]) -> None:
+        """Messages that open the dialog before the first observation (an env's few-shot turns)."""
+        with stage("context"):
+            self.ctx.history.extend({"role": m["role"], "content": m["content"]} for m in messages)
+
     def observe(self, obs: str) -> None:
         """Add an env observation to the context."""
         with stage("context"):

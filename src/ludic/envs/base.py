@@ -61,6 +61,12 @@ class LudicEnv(ABC):
         return None
 
     @property
+    def opening_messages(self) -> list[dict[str, str]]:
+        """Chat messages that open the agent's dialog before the first observation (after the system prompt), such
+        as the few-shot turns of a verifiers prompt; read after ``reset``. Empty by default."""
+        return []
+
+    @property
     def ended_at_reset(self) -> dict[str, StepOutcome]:
         """The outcomes of agents whose episode the last ``reset`` already ended (players the env plays
         itself, an opponent, finished the game before their first turn): a protocol records each as a

@@ -10,6 +10,7 @@ An env kind is one of (``ludic train env --env`` takes the same strings):
     textarena:<game id>          a TextArena game (``ludic.envs.textarena_env``)
     reasoning_gym:<dataset>      a reasoning-gym dataset (``ludic.envs.reasoning_gym_env``)
     gem:<id> / gym:<id>          a GEM / Gymnasium text env (``ludic.envs.gym_text``)
+    verifiers:<taskset|module>   a verifiers environment, unchanged (``ludic.envs.verifiers_env``)
     package.module:factory       any importable callable that returns a ``LudicEnv``
 """
 
@@ -31,9 +32,14 @@ def import_attr(path: str) -> Any:
     """``"package.module:attr"`` -> the object, the working directory importable as under ``python -m``
     (a console script's ``sys.path`` lacks it)."""
     module, attr = path.split(":", 1)
+    cwd_importable()
+    return getattr(importlib.import_module(module), attr)
+
+
+def cwd_importable() -> None:
+    """Put the working directory on ``sys.path`` when it is not (a console script's path lacks it)."""
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())
-    return getattr(importlib.import_module(module), attr)
 
 
 class Registry(Generic[T]):
@@ -73,6 +79,7 @@ ADAPTERS = {
     "reasoning_gym": "ludic.envs.reasoning_gym_env:ReasoningGymEnv",
     "gem": "ludic.envs.gym_text:make_gem",
     "gym": "ludic.envs.gym_text:make_gymnasium",
+    "verifiers": "ludic.envs.verifiers_env:VerifiersEnv",
 }
 """Spec prefix -> adapter factory; ``prefix:rest`` builds ``factory(rest, **kwargs)``."""
 

@@ -19,11 +19,14 @@ class SingleAgentProtocol(InteractionProtocol):
         stop_on_parse_error: end the episode at the first malformed output
             (the step is terminal with the parser's penalty). Otherwise the
             agent sees the parser's feedback and tries again.
+        extra_steps: model calls allowed beyond ``max_steps`` (a tool agent's
+            tool calls, on top of the env's own turn limit).
     """
 
-    def __init__(self, agent: Agent, *, stop_on_parse_error: bool = False) -> None:
+    def __init__(self, agent: Agent, *, stop_on_parse_error: bool = False, extra_steps: int = 0) -> None:
         self.agent = agent
         self.stop_on_parse_error = stop_on_parse_error
+        self.extra_steps = extra_steps
 
     async def run(self, env: LudicEnv, *, max_steps: int, env_seed: int | None = None,
                   sampling_seed: int | None = None) -> list[Rollout]:
@@ -41,8 +44,10 @@ class SingleAgentProtocol(InteractionProtocol):
                 obs, meta["reset_info"] = env.reset(seed=env_seed)[aid]
             steps += no_turn_steps_at_reset(env, {aid: obs}).values()  # the game ended before its first turn
             self.agent.reset(env.suggested_sysprompt)
+            if getattr(env, "opening_messages", None):
+                self.agent.open_dialog(env.opening_messages)
             self.agent.observe(obs)
-            for i in range(max_steps):
+            for i in range(max_steps + self.extra_steps):
                 if aid not in env.active_agents:
                     break
                 turn = await self.agent.act(sampling_seed)

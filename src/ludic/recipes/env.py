@@ -5,10 +5,14 @@
     ludic train env --env textarena:TicTacToe-v0 --opponent frozen     two players: vs the starting policy
     ludic train env --env gem:game:Mastermind-v0-easy
     ludic train env --env my_package.envs:MyEnv --env-kwargs '{"size": 5}'
+    ludic train env --env verifiers:my_taskset                           a verifiers environment, its rubric the reward
+    ludic train env --env my_package.envs:MyEnv --tools my_package.tools:lookup   the agent may call lookup(...)
     ludic eval env --env reasoning_gym:leg_counting --adapter runs/env-.../final
 
 ``--env`` takes every env kind ``ludic.envs.registry`` knows: a registered name, an adapter prefix
-(``textarena:``, ``reasoning_gym:``, ``gem:``, ``gym:``) or an import path to a ``LudicEnv`` factory.
+(``textarena:``, ``reasoning_gym:``, ``verifiers:``, ``gem:``, ``gym:``) or an import path to a ``LudicEnv`` factory.
+``--tools`` gives the agent Python functions to call (``ToolAgent``; an env's own tools, as a verifiers toolset's,
+join them).
 
 The run: the packaged model with a LoRA adapter, GRPO (groups of ``group_size`` episodes from one env
 seed), the env's own rewards. It evaluates greedily on held-out seeds (``eval_episodes``) before and
@@ -46,7 +50,7 @@ from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock
 from ludic.recipes.common import StepBudget, default_run_dir, may_evaluate, train_until_stop
 from ludic.recipes.env_setup import (INSTANCES_FILE, EnvConfig, TrainingSeeds, env_metrics, eval_requests,
                                      evaluate_episodes, format_summary, held_out_for, opponent_suite, probe_env,
-                                     protocols, register_python_env, trained_overlap, write_instances)
+                                     protocols, register_python_env, tool_spec, trained_overlap, write_instances)
 from ludic.recipes.format_demos import format_demo_items
 from ludic.training.config import TrainerConfig
 
@@ -121,13 +125,16 @@ class TrainResult:
     results: dict[str, Any]
 
 
-def train(env: Any, *, model: str | None = None, format_demos: Any = None, **overrides: Any) -> TrainResult:
+def train(env: Any, *, model: str | None = None, format_demos: Any = None, tools: Any = None,
+          **overrides: Any) -> TrainResult:
     """Train a policy on ``env`` with the defaults of ``ludic train env``, from Python.
 
     ``env``: an env kind string, a ``LudicEnv`` class or a factory. ``overrides`` set fields of
     ``TrainEnvConfig``, of its ``env`` section (``max_completion_tokens=``, ``env_kwargs=`` as a dict)
     or of its ``trainer`` section (``lr=``). ``format_demos``: example replies' file, or a function
-    ``observation -> reply`` (a format cold start).
+    ``observation -> reply`` (a format cold start). ``tools``: Python functions the agent may call (Ludic's
+    ``ToolAgent``: schemas from their signatures and docstrings, results as tool messages); the config records
+    each as ``module:function`` (``python:<module>.<name>`` for one that does not import back).
 
         result = ludic.train(GuessEnv, train_steps=20, max_completion_tokens=24)
         result.results["after"]["success_rate"], result.run_dir
@@ -136,6 +143,8 @@ def train(env: Any, *, model: str | None = None, format_demos: Any = None, **ove
     env_cfg, trainer_cfg = cfg.env, cfg.trainer
     kind = env if isinstance(env, str) else register_python_env(env)
     env_over = {"env": kind}
+    if tools is not None:
+        env_over["tools"] = tools if isinstance(tools, str) else ",".join(tool_spec(t) for t in tools)
     for k, v in overrides.items():
         if k == "env_kwargs" and isinstance(v, dict):
             v = json.dumps(v)
@@ -275,7 +284,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
                 from ludic.recipes.sft import demo_sft
 
                 with _timed(wall, "format_demos"):
-                    items = await format_demo_items(cfg, env, tok, teacher, held)
+                    items = await format_demo_items(cfg, env, tok, teacher, held, run_dir / "format_demos.jsonl")
                     steps = max(1, cfg.format_demo_steps)
                     print(f"[env] format demos: {len(items)} teacher turns, {steps} SFT steps", flush=True)
                     await demo_sft(model, tok, items, steps=steps, batch=max(1, len(items) // steps),

@@ -28,7 +28,8 @@ class EnvConfig:
     """Env: which environment, and how the agent sees and answers it (train env and eval env)."""
 
     env: str = ""
-    """An env kind: registered name | textarena:ID | reasoning_gym:NAME | gem:ID | gym:ID | module:factory."""
+    """An env kind: registered name | textarena:ID | reasoning_gym:NAME | verifiers:ID | gem:ID | gym:ID |
+    module:factory."""
     env_kwargs: str = ""
     """JSON object of keyword arguments for the env factory, e.g. '{"config": {"min_animals": 2}}'."""
     system_prompt: str | None = None
@@ -44,6 +45,9 @@ class EnvConfig:
     """A reply cut by --max-completion-tokens: None (default) hands it to the env as it is (many envs read a
     cut reply's answer; ``cut_reply_rate`` counts them); a number makes it a format failure (a parse error,
     the env not stepped) with that reward."""
+    tools: str = ""
+    """Python functions the agent may call (Ludic's ToolAgent), as module:function,module:function (``ludic.train``
+    takes the callables); an env's own tools (a verifiers toolset) join them."""
 
     def kwargs(self) -> dict[str, Any]:
         if not self.env_kwargs:
@@ -75,29 +79,93 @@ def probe_env(opts: EnvConfig) -> Any:
     from ludic.envs.registry import make_env
 
     if not opts.env:
-        raise UsageError("--env is required: a registered name, textarena:ID, reasoning_gym:NAME, gem:ID or module:factory")
+        raise UsageError("--env is required: a registered name, textarena:ID, reasoning_gym:NAME, verifiers:ID, "
+                         "gem:ID or module:factory")
     try:
         return make_env(EnvSpec(opts.env, opts.kwargs()))
     except KeyError as e:
         raise UsageError(str(e.args[0]) if e.args else str(e)) from e
 
 
+SPLIT_ADAPTERS = ("reasoning_gym:", "verifiers:")
+"""Adapters with a split of their own: their held-out episodes take ``split="eval"``."""
+
+
 def _eval_kwargs(opts: EnvConfig) -> dict[str, Any]:
-    """Held-out episodes: an env with its own split (reasoning-gym) takes split='eval'."""
+    """Held-out episodes: an env with its own split (reasoning-gym, verifiers) takes split='eval'."""
     kw = opts.kwargs()
-    if opts.env.startswith("reasoning_gym:"):
+    if opts.env.startswith(SPLIT_ADAPTERS):
         kw.setdefault("split", "eval")
     return kw
 
 
+_TOOLS: dict[str, Callable[..., Any]] = {}
+"""Tools given as callables (``ludic.train(tools=[...])``), by the name ``tool_spec`` records in the config."""
+
+
+def tool_spec(fn: Any) -> str:
+    """The config's name for a tool: ``module:function`` where that imports back to ``fn`` (a later
+    ``--tools`` can use it), else ``python:module.qualname``, registered for this process."""
+    from ludic.agents.tools import Tool
+
+    if isinstance(fn, str):
+        return fn
+    target = fn.fn if isinstance(fn, Tool) else fn
+    if not callable(target):
+        raise TypeError(f"tools: {fn!r} is not a function")
+    module, qualname = getattr(target, "__module__", "?"), getattr(target, "__qualname__", repr(target))
+    importable = module != "__main__" and "<" not in qualname and "." not in qualname
+    name = f"{module}:{qualname}" if importable else f"python:{module}.{qualname}"
+    _TOOLS[name] = fn
+    return name
+
+
+def resolve_tools(spec: str) -> list[Any]:
+    """``"module:function,..."`` (or names ``tool_spec`` registered) -> the callables; errors name the entry."""
+    from ludic.envs.registry import import_attr
+
+    out = []
+    for name in (p.strip() for p in spec.split(",") if p.strip()):
+        if name in _TOOLS:
+            out.append(_TOOLS[name])
+            continue
+        if name.startswith("python:"):
+            raise UsageError(f"--tools {name!r}: a function given to ludic.train(tools=...) that does not import "
+                             "back (defined in __main__ or in a function) serves one process only: give "
+                             "module:function")
+        try:
+            fn = import_attr(name) if ":" in name else None
+        except (ImportError, AttributeError) as e:
+            raise UsageError(f"--tools {name!r} does not import ({type(e).__name__}: {e})") from e
+        if not callable(fn):
+            raise UsageError(f"--tools {name!r}: give module:function (a Python function the agent may call)")
+        out.append(fn)
+    return out
+
+
+def agent_tools(opts: EnvConfig, env: Any) -> list[Any]:
+    """The agent's tools: the env's own (``env.tools``, e.g. a verifiers toolset's) and ``opts.tools``."""
+    return [*getattr(env, "tools", []), *resolve_tools(opts.tools)]
+
+
 def make_agent(client: Any, opts: EnvConfig, env: Any, sampling: Any) -> Any:
+    """The policy's agent: a plain ``Agent`` (no parser: the env reads the raw reply), or Ludic's ``ToolAgent``
+    when there are tools (``agent_tools``)."""
     from ludic.agents.agent import Agent
     from ludic.context import make_context
 
     ctx = opts.context if opts.context != "auto" else getattr(env, "preferred_context", "full")
     cut = opts.incomplete_penalty is not None  # a reply cut by the token limit: a format failure, or the env's to read
-    return Agent(client, make_context(ctx, opts.system_prompt), sampling=sampling, reject_incomplete=cut,
-                 incomplete_penalty=opts.incomplete_penalty if cut else -1.0)
+    cut_args = {"reject_incomplete": cut, "incomplete_penalty": opts.incomplete_penalty if cut else -1.0}
+    tools = agent_tools(opts, env)
+    if tools:
+        from ludic.agents.tools import ToolAgent
+
+        context = make_context(ctx, opts.system_prompt)
+        if context.history_free:
+            raise UsageError(f"tools need a context that keeps tool results (full or truncated), not {ctx!r}")
+        return ToolAgent(client, tools, context, sampling=sampling, **cut_args)
+    return Agent(client, make_context(ctx, opts.system_prompt), sampling=sampling, **cut_args)
 
 
 def protocols(policy: Any, opts: EnvConfig, env: Any, sampling: Any, frozen: Any = None,
@@ -108,7 +176,12 @@ def protocols(policy: Any, opts: EnvConfig, env: Any, sampling: Any, frozen: Any
 
     ids = env.agent_ids
     if len(ids) == 1:
-        return {"single_agent": lambda: SingleAgentProtocol(make_agent(policy, opts, env, sampling))}
+        def single() -> Any:
+            agent = make_agent(policy, opts, env, sampling)  # a tool agent's calls come on top of the env's turns
+            return SingleAgentProtocol(agent, extra_steps=getattr(agent, "max_tool_calls", 0))
+        return {"single_agent": single}
+    if agent_tools(opts, env):
+        raise UsageError(f"tools: {opts.env} has {len(ids)} players; tools are for single-agent envs")
     out: dict[str, Callable[[], Any]] = {
         "self": lambda: MultiAgentProtocol({a: make_agent(policy, opts, env, sampling) for a in ids})}
     if frozen is not None:

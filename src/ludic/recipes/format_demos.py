@@ -4,7 +4,10 @@ Use it when the model never writes the format the env reads (the trainer stops a
 steps without any learning signal and says so).
 
 The teacher: example replies (a .jsonl of ``{"reply": ...}`` or a .txt, one per line: a teacher answers each turn
-with one of them) or a function ``observation -> reply`` (``module:function``, or a callable in Python).
+with one of them) or a function ``observation -> reply`` (``module:function``, or a callable in Python). With tools
+(``--tools``, or an env's own), a teacher reply may call one in the agent's format (``<tool_call>{"name": ...,
+"arguments": {...}}</tool_call>`` for a model whose template has none); the tool runs, and the teacher's next
+observation is its result.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ FORMAT_DEMO_EPISODES = 32
 
 def demo_teacher(spec: str | Callable[[str], str], seed: int = 0) -> Callable[[list[dict]], str]:
     """The teacher of a format cold start, ``messages -> reply``: from example replies (a .jsonl of
-    ``{"reply": ...}``, a .txt one per line) or a function of the last observation."""
+    ``{"reply": ...}``, a .txt one per line) or a function of the last observation (or tool result)."""
     if callable(spec):
         fn = spec
     elif spec.endswith((".jsonl", ".txt")):
@@ -45,17 +48,18 @@ def demo_teacher(spec: str | Callable[[str], str], seed: int = 0) -> Callable[[l
     else:
         raise ValueError(f"--format-demos {spec!r}: give a .jsonl / .txt of example replies or module:function")
 
-    def reply(messages: list[dict]) -> str:
-        last = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+    def reply(messages: list[dict]) -> str:  # the latest observation, or a tool's result
+        last = next((m["content"] for m in reversed(messages) if m["role"] in ("user", "tool")), "")
         return str(fn(last))
 
     return reply
 
 
-async def format_demo_items(cfg: Any, env: Any, tok: Any, teacher_spec: Any, held: Any = None) -> list[Any]:
+async def format_demo_items(cfg: Any, env: Any, tok: Any, teacher_spec: Any, held: Any = None,
+                            out: Path | None = None) -> list[Any]:
     """SFT items from the teacher playing ``FORMAT_DEMO_EPISODES`` training episodes (every seat) through
     the same agent, context and chat template as the policy, none on a held-out instance (``held``; the
-    instances it plays count as trained)."""
+    instances it plays count as trained); ``out``: a JSONL of the teacher's episodes."""
     from ludic.inference.client import FunctionClient, SamplingParams
     from ludic.rollouts.engine import RolloutEngine
     from ludic.types import SAWItem
@@ -68,7 +72,7 @@ async def format_demo_items(cfg: Any, env: Any, tok: Any, teacher_spec: Any, hel
     spec = EnvSpec(cfg.env.env, cfg.env.kwargs())
     reqs = [RolloutRequest(spec, protocol=key, env_seed=draw._seed(), max_steps=cfg.env.max_turns or None)
             for _ in range(FORMAT_DEMO_EPISODES)]
-    rollouts = await RolloutEngine(protos).generate_rollouts(reqs, progress="format demos")
+    rollouts = await RolloutEngine(protos, jsonl_path=out).generate_rollouts(reqs, progress="format demos")
     return [SAWItem(prompt_ids=s.trace.prompt_ids, completion_ids=s.trace.completion_ids, weight=1.0)
             for r in rollouts if not r.meta.get("failed") for s in r.steps if s.trace is not None]
 
