@@ -1,6 +1,6 @@
 """What a newcomer types: the public names import from ``ludic`` and its packages (lazily: a bare import
-loads no torch), every import line of the README and the examples works, and the README's own-env example
-trains on the tiny model in one call."""
+loads no torch), every import line of the README, the documentation pages and the examples works, and the
+README's own-env example trains on the tiny model in one call."""
 
 import ast
 import os
@@ -53,8 +53,9 @@ def _import_lines(text):
     return out
 
 
-def test_every_import_in_the_readme_and_the_examples_works():
-    sources = [ROOT / "README.md", *sorted((ROOT / "examples").rglob("*.py")), *sorted((ROOT / "examples").rglob("*.md"))]
+def test_every_import_in_the_readme_the_docs_and_the_examples_works():
+    sources = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "examples").rglob("*.py")),
+               *sorted((ROOT / "examples").rglob("*.md"))]
     lines = sorted({line for p in sources for line in _import_lines(p.read_text())})
     assert len(lines) >= 10, lines
     code = "\n".join(f"try:\n    {line}\nexcept Exception as e:\n    bad.append(({line!r}, repr(e)))" for line in lines)

@@ -44,7 +44,7 @@ def test_train_env_on_a_reasoning_gym_task_and_eval_env_on_its_adapter(tiny_mode
     page = (run / "report.html").read_text()
     assert page.index("Headline: success_rate") < page.index("Learning curves")
     trainer = json.loads((run / "config.json").read_text())["trainer"]
-    assert trainer["lr"] == 2e-4 and trainer["scale_lr_by_signal"] is False  # the measured defaults (README)
+    assert trainer["lr"] == 2e-4 and trainer["scale_lr_by_signal"] is False  # the measured defaults (docs/studies.md)
     assert summary["kept"]["episodes"] == 2 and summary["kept"]["last_step"] == 1  # keep-best on validation
 
     out = tmp_path / "eval.jsonl"

@@ -15,7 +15,8 @@ class GuessEnv(SingleAgentEnv):
 
     def env_reset(self, seed=None):
         self.secret = random.Random(seed).randint(1, 16)
-        return "I picked a number from 1 to 16. Reply <guess>N</guess>; I answer higher or lower.", {}
+        prompt = "I picked a number from 1 to 16. Reply <guess>N</guess>; I answer higher or lower."
+        return prompt, {"instance": self.secret}  # the instance key: the prompt is the same for every secret
 
     def env_step(self, action):
         found = re.search(r"<guess>\s*(\d+)\s*</guess>", action)

@@ -71,7 +71,7 @@ class TrainEnvConfig(ModelBlock, LoraBlock, GRPOBlock, TrainRunBlock):
     (``--scale-lr-by-signal``) hold a good policy (the calculator tool after its demo SFT: plain 2e-4 lost
     28-33 points on two seeds of three in 10 steps, scaled none), but from a weak one they learned less or
     not at all in 30 steps (chain_sum 23.2% against 25.3%, Kuhn poker 45.3% = its start against 68.8%), so
-    the default keeps full steps and guards a good start with ``keep_best`` on validation episodes (README)."""
+    the default keeps full steps and guards a good start with ``keep_best`` on validation episodes (docs/studies.md)."""
     eval_episodes: int = 64
     """Held-out episodes (greedy) before and after training; 0: no evaluation."""
     eval_every: int = 5
@@ -137,7 +137,7 @@ def train(env: Any, *, model: str | None = None, format_demos: Any = None, tools
     each as ``module:function`` (``python:<module>.<name>`` for one that does not import back).
 
         result = ludic.train(GuessEnv, train_steps=20, max_completion_tokens=24)
-        result.results["after"]["success_rate"], result.run_dir
+        result.results["trained"]["success_rate"], result.run_dir   # also "base", "format_demos", "kept", ...
     """
     cfg = TrainEnvConfig()
     env_cfg, trainer_cfg = cfg.env, cfg.trainer
