@@ -305,14 +305,15 @@ def trained_overlap(held: Any, adapter: str | None) -> dict[str, Any]:
         found = next((p / INSTANCES_FILE for p in [here, *here.parents][:4] if (p / INSTANCES_FILE).exists()), None)
     test = {k for _, k in held.test}
     out: dict[str, Any] = {"test_distinct": len(test), "space": held.space}
+    space = f"instance space {held.space['estimate']}{'' if held.space['exact'] else ' (estimated)'}"
     if found is None:
-        out.update(test_trained=None, note=f"{len(test)} distinct test instances; "
+        out.update(test_trained=None, note=f"{len(test)} distinct test instances ({space}); "
                    + ("the base model: none trained on" if not adapter else "the adapter's run recorded no instances"))
         return out
     trained = set(json.loads(found.read_text()).get("trained", []))
     out.update(test_trained=len(test & trained), train_distinct=len(trained),
-               note=f"{len(test)} distinct test instances, {len(test & trained)} of them trained on by the run in "
-                    f"{found.parent}")
+               note=f"{len(test)} distinct test instances ({space}), {len(test & trained)} of them trained on by the "
+                    f"run in {found.parent}")
     return out
 
 
