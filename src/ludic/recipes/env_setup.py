@@ -92,10 +92,13 @@ SPLIT_ADAPTERS = ("reasoning_gym:", "verifiers:")
 
 
 def _eval_kwargs(opts: EnvConfig) -> dict[str, Any]:
-    """Held-out episodes: an env with its own split (reasoning-gym, verifiers) takes split='eval'."""
+    """Held-out episodes: an env with its own split (reasoning-gym, verifiers) takes split='eval', a QA dataset
+    (``dataset_qa``) its split='test'."""
     kw = opts.kwargs()
     if opts.env.startswith(SPLIT_ADAPTERS):
         kw.setdefault("split", "eval")
+    elif opts.env == "dataset_qa":  # a QA dataset's own test split
+        kw.setdefault("split", "test")
     return kw
 
 

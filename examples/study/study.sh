@@ -1,0 +1,42 @@
+#!/bin/bash
+# The held-out study (docs/study.md): `ludic train env` with its defaults (a 30-minute budget) on the packaged
+# model, every task's test and validation sets distinct instances never trained on, three training seeds per task,
+# one run at a time (two runs on 2 cores slow each other and change what a budgeted run learns). Each finished
+# run's summary.json and config.json are copied to examples/study/results/<task>-s<seed>/ (run directories do not
+# survive the machine), and a task's seed is skipped when its results are there already, so the script resumes.
+#
+#   bash examples/study/study.sh [seeds...]           (default: 0 1 2; SEEDS_FIRST=1 runs seed 0 of every task first)
+set -u
+SEEDS=${*:-0 1 2}
+OUT=${OUT:-runs/study}
+KEEP=examples/study/results
+mkdir -p "$OUT" "$KEEP"
+train() {  # task, seed, then ludic train env flags
+  name=$1; s=$2; shift 2
+  [ -f "$KEEP/$name-s$s/summary.json" ] && return
+  ludic train env "$@" --seed "$s" --run-dir "$OUT/$name-s$s" --logger print > "$OUT/$name-s$s.log" 2>&1
+  code=$?
+  [ $code -eq 0 ] || echo "$name seed $s exited $code: see $OUT/$name-s$s.log"
+  if [ -f "$OUT/$name-s$s/summary.json" ]; then
+    mkdir -p "$KEEP/$name-s$s"
+    cp "$OUT/$name-s$s/summary.json" "$OUT/$name-s$s/config.json" "$KEEP/$name-s$s/"
+  fi
+}
+task() {  # task name, then flags: every seed of it
+  name=$1; shift
+  for s in $SEEDS; do train "$name" "$s" "$@"; done
+}
+# reasoning-gym, instance-rich configs where the base model scores 5-70% (examples/study/screen.sh)
+task chain_sum --env reasoning_gym:chain_sum --env-kwargs '{"config":{"min_terms":2,"max_terms":3,"min_digits":1,"max_digits":2}}'
+task letter_counting --env reasoning_gym:letter_counting --env-kwargs '{"config":{"min_words":3,"max_words":5}}'
+task gcd99 --env reasoning_gym:gcd --env-kwargs '{"config":{"min_value":2,"max_value":99}}'
+# GEM guess-the-number with a random range and secret per instance; a 10-step format cold start of random
+# in-range guesses inside \boxed{} (the format, no strategy); its dialog trains as one sequence
+task gem_guess_random --env gem:game:GuessTheNumber-v0-random --max-completion-tokens 24 \
+  --format-demos examples.study.teachers:gem_guess
+# a two-player game with thousands of deals, against the frozen start; evaluated against every opponent
+task indian_poker1 --env textarena:IndianPoker-v0 --env-kwargs '{"max_rounds": 1}' --opponent frozen \
+  --max-completion-tokens 24
+# RL from a good policy: the calculator tool after a cold start that shows its use (must not lose it)
+task calculator --env dataset_qa --env-kwargs '{"source": "arith", "grader": "numeric"}' \
+  --tools ludic.envs.qa:calculator --format-demos examples.study.teachers:calculator --max-completion-tokens 48
