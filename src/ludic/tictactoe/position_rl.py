@@ -117,6 +117,8 @@ class PositionRLConfig:
     """KL penalty to the policy RL started from (the adapter switched off). When > 0, groups whose
     samples all score the same are kept: they carry no advantage but their KL term anchors the
     decisions already right while the wrong ones move."""
+    entropy_coef: float = 0.0
+    """Entropy bonus (keeps the sampled policy from collapsing onto one answer per position)."""
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(lr=1e-4, max_grad_norm=1.0))
     seed: int = 0
 

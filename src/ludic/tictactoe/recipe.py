@@ -100,8 +100,14 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     """Scale each RL step's lr by the share of its trained tokens with a nonzero advantage
     (``TrainerConfig.scale_lr_by_signal``): positions the policy already answers right add no step."""
     rl_temperature: float = 1.0
+    rl_algorithm: str = "grpo"
+    """The RL stage's algorithm (grpo, dr_grpo, rloo, ...)."""
+    rl_kl_coef: float = 0.0
+    """KL penalty to the policy RL starts from (after --teacher none: the random-cell cold start)."""
+    rl_entropy_coef: float = 0.0
+    """Entropy bonus of the RL loss."""
     lora_rank: int = 16
-    """Rank of the RL adapter (alpha = 2 x rank)."""
+    """Rank of the RL adapter (alpha = 2 x rank); 0: RL trains the layers SFT trained, with no adapter."""
     lora_layer_share: float = 0.5
     """Share of the decoder layers, from the top, that carry the RL adapter (1: all), for the same reason."""
     eval_base: bool = True
@@ -234,14 +240,16 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
 
     # ------------------------------------------------------------------ 4. RL
     t_rl = time.perf_counter()
-    for p in model.parameters():
-        p.requires_grad_(False)
-    model = apply_lora(model, LoraSettings(rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank,
-                                           top_layers=max(1, round(cfg.lora_layer_share * n_layers))))
+    if cfg.lora_rank:  # an adapter on the top layers (else RL trains the layers SFT trained, themselves)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        model = apply_lora(model, LoraSettings(rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank,
+                                               top_layers=max(1, round(cfg.lora_layer_share * n_layers))))
     engine.model = model
     rl_dir = run_dir / "rl"
     rl_cfg = PositionRLConfig(positions_per_step=cfg.positions_per_step, group_size=cfg.group_size,
-                              temperature=cfg.rl_temperature, seed=cfg.seed,
+                              temperature=cfg.rl_temperature, seed=cfg.seed, algorithm=cfg.rl_algorithm,
+                              kl_coef=cfg.rl_kl_coef, entropy_coef=cfg.rl_entropy_coef,
                               trainer=TrainerConfig(lr=cfg.rl_lr, max_grad_norm=1.0,
                                                     scale_lr_by_signal=cfg.rl_scale_lr_by_signal,
                                                     micro_token_budget=cfg.micro_token_budget))

@@ -122,10 +122,13 @@ def make_algorithm(name: str, **loss_overrides: Any) -> Algorithm:
 
 def algorithm_for(cfg: Any) -> Algorithm:
     """``make_algorithm(cfg.algorithm)`` with the loss settings a run config may carry:
-    ``kl_coef``, and ``behavior_is`` with ``behavior_is_cap`` (off-policy correction)."""
+    ``kl_coef``, ``entropy_coef`` (a bonus that keeps a policy from collapsing onto one answer), and
+    ``behavior_is`` with ``behavior_is_cap`` (off-policy correction)."""
     over: dict[str, Any] = {}
     if getattr(cfg, "kl_coef", 0.0):
         over["kl_coef"] = cfg.kl_coef
+    if getattr(cfg, "entropy_coef", 0.0):
+        over["entropy_coef"] = cfg.entropy_coef
     if getattr(cfg, "behavior_is", ""):
         over.update(behavior_is=cfg.behavior_is, behavior_is_cap=cfg.behavior_is_cap)
     return make_algorithm(cfg.algorithm, **over)
