@@ -128,6 +128,32 @@ def test_a_low_precision_model_on_the_gpu_trains_through_fp32_masters(tiny, dtyp
     assert moved[True] > 0.9 and moved[False] < 0.5, moved
 
 
+def test_keep_best_holds_its_snapshot_on_the_cpu_and_restores_it_on_the_gpu(tiny, tmp_path):
+    """Full fine-tuning on the GPU under keep-best: the best evaluation's weights are a CPU copy (4 bytes a
+    parameter of GPU memory otherwise, issue 37), and the run ends on them, back on the GPU."""
+    import asyncio
+
+    from ludic.training.algorithms import make_sft
+    from ludic.training.config import TrainerConfig
+    from ludic.training.lora import load_policy
+    from ludic.training.trainer import Trainer
+
+    model, tok = load_policy(tiny, dtype="float32", seed=0)
+    scores = iter([0.9, 0.1])
+
+    async def evaluator():
+        return {"success_rate": next(scores)}
+
+    trainer = Trainer(model, make_sft(), Fixed(_sft_items()), TrainerConfig(lr=1e-3), pad_token_id=tok.pad_token_id,
+                      checkpoint_dir=tmp_path / "ckpt", evaluator=evaluator, eval_every=1, keep_best="success_rate")
+    start = {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+    asyncio.run(trainer.train(1))
+    assert all(t.device.type == "cpu" for t in trainer.keeper.state.values())
+    assert trainer.best["step"] == 0
+    assert all(p.device.type == "cuda" and torch.equal(p.detach().cpu(), start[n])
+               for n, p in model.named_parameters() if p.requires_grad)
+
+
 def test_ludic_train_runs_on_the_gpu_and_resumes(tiny, tmp_path):
     """``ludic.train`` on a Python env with the defaults' device: the policy, the engine's sampling and the
     trainer on the GPU, the held-out evaluation before and after, a checkpoint; a second call with more
