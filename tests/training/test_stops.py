@@ -152,3 +152,23 @@ def test_the_start_is_scored_after_its_weights_are_published(tiny_model_dir, tmp
     trainer.evaluator, trainer.eval_every, trainer.keep_best = evaluator, 1, "success_rate"
     asyncio.run(trainer.train(1))
     assert pushed_at_eval[0] == [0]  # the starting weights were on the server when the start was scored
+
+
+def test_the_last_steps_checkpoint_holds_that_steps_weights_after_keep_best(tiny_model_dir, tmp_path):
+    """Was: after keep-best the run's final save wrote the kept weights (here the start's) into
+    ``checkpoints/step_000002``, a folder named for step 2 holding other weights (a resume then continued from
+    the wrong ones). Now the last step's checkpoint is written before the kept weights come back, and the recipe's
+    final save leaves it be; the kept weights are the model's (``final/``) and the best file's."""
+    from ludic.training.checkpoint import latest_checkpoint
+
+    model, _, trainer = vowel_grpo_trainer(tiny_model_dir, tmp_path, TrainerConfig(lr=5e-2))
+    _scored(trainer, [0.9, 0.1, 0.1])
+    seen = {}
+    start = _lora(model)
+    asyncio.run(trainer.train(2, lambda step, m: seen.__setitem__(step, _lora(model))))
+    trainer.save()  # what the recipes do at the end
+    assert _same(_lora(model), start)  # the run ended on the start's weights
+    assert latest_checkpoint(tmp_path / "ckpt").name == "step_000002"
+    again, _, resumed = vowel_grpo_trainer(tiny_model_dir, tmp_path, TrainerConfig(lr=5e-2))
+    assert resumed.resume() and resumed.step == 2
+    assert _same(_lora(again), seen[2]) and resumed.best["step"] == 0
