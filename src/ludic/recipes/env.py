@@ -159,6 +159,8 @@ def train(env: Any, *, model: str | None = None, format_demos: Any = None, tools
     cfg.env, cfg.trainer = replace(env_cfg, **env_over), trainer_cfg
     if model is not None:
         cfg.model = model
+    if callable(format_demos):  # config.json names the teacher (it recorded "" for a function)
+        cfg.format_demos = tool_spec(format_demos).replace("python:", "python function ", 1)
     return _run_train(cfg, format_demos if format_demos is not None else (cfg.format_demos or None))
 
 

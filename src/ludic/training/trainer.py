@@ -352,14 +352,10 @@ class Trainer:
         return {k: getattr(self, k) for k in ("empty_streak", "nonfinite_streak", "no_signal_streak", "nonfinite_total")}
 
     def ref_logp(self, mb: Any) -> torch.Tensor:
-        """Reference-policy log-probs of the action tokens (``self.reference``); score them before the
-        policy's own forward of the micro-batch."""
+        """Reference log-probs of the action tokens (``self.reference``), before the policy's own forward."""
         return self.reference.logp(self.model, mb)
 
-    @property
-    def ref_model(self) -> Any | None:
-        """The frozen reference model, where the reference is one (full fine-tuning, or given)."""
-        return self.reference.ref_model
+    ref_model = property(lambda self: self.reference.ref_model, doc="The frozen reference model, where there is one.")
 
     # -- loop, checkpoints --------------------------------------------------------
     async def train(
@@ -433,9 +429,12 @@ class Trainer:
 
     @torch.no_grad()
     def _end_on_best(self) -> None:
-        """Under keep_best, load the best evaluation's trainable weights (fp32 masters too) and publish them."""
+        """Under keep_best, load the best evaluation's trainable weights (fp32 masters too) and publish them; the
+        last step's own checkpoint is written first (a later ``save`` of this step leaves it be), so a folder
+        named for a step holds that step's weights and a resume continues from them."""
         if not self.keep_best or self.keeper.state is None or self.best.get("step") == self.step:
             return
+        self._kept_at = self.save() and self.step
         self.masters.restore(self.model, self.keeper.state)
         mark_trained(self.model)  # an in-process engine refreshes its decode view
         self.policy_version += 1
@@ -443,6 +442,8 @@ class Trainer:
             self.publisher.publish(self.model, self.policy_version)
 
     def save(self) -> Path | None:
+        if getattr(self, "_kept_at", None) == self.step:  # this step's own weights are saved; the model holds kept ones
+            return latest_checkpoint(self.checkpoint_dir) if self.checkpoint_dir else None
         model_state = optimizer_state = None
         if is_sharded(self.model) and self.checkpoint_dir is not None:  # every rank joins the gathers
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
