@@ -152,7 +152,7 @@ def test_keep_best_chooses_on_validation_episodes_apart_from_the_test_ones(tiny_
     assert sorted(r["step"] for r in logged if "eval/success_rate" in r) == [0, 1, 2]  # the start is a candidate
     assert "validation episodes" in (run / "report.html").read_text()
     off = ludic("train", "env", "--env", "reasoning_gym:gcd", "--model", str(tiny_model_dir), "--run-dir",
-                str(tmp_path / "off"), *TINY_RUN[2:], "--eval-episodes", "0", "--eval-every", "0")
+                str(tmp_path / "off"), *TINY_RUN, "--eval-episodes", "0", "--eval-every", "0")
     assert off.returncode == 0 and "keep-best is off" in off.stdout, off.stderr[-2000:]  # the default gives way
     assert set(summary["headline"]["stages"]) == {"base", "trained"}  # test stages only; validation in the note
 

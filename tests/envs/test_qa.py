@@ -58,7 +58,7 @@ def test_qa_env_grades_and_records():
     assert obs == "Q: What is 2+2?" and info == {"id": "q1", "instance": "What is 2+2?"}
     out = env.step({env.agent_id: "4.0"})[env.agent_id]
     assert out.reward == 1.0 and out.terminated
-    assert out.info == {"id": "q1", "correct": True, "reference": "4", "predicted": "4.0", "grader": "math"}
+    assert out.info == {"id": "q1", "correct": True, "reference": "4", "predicted": "4.0", "grader": "math", "hedged": False}
 
 
 def test_arithmetic_set_is_deterministic_with_disjoint_splits():

@@ -18,6 +18,7 @@ instances. This module names instances and builds evaluation sets of distinct on
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import time
@@ -140,8 +141,9 @@ class HeldOut:
         size = f"{s['estimate']} distinct instances{'' if s['exact'] else ' (estimated)'}"
         if not self.held_out:
             return (f"the instance space is too small to hold out {n_test} test + {n_val} validation instances: "
-                    f"{size}, so training draws the test instances too; the result is on trained instances, not "
-                    "held out (fewer --eval-episodes / --val-episodes, or a larger space, hold instances out)")
+                    f"{size}, so training draws the test instances too (and a set short of distinct instances "
+                    "repeats them); the result is on trained instances, not held out (fewer --eval-episodes / "
+                    "--val-episodes, or a larger space, hold instances out)")
         short = [f"{name} {len(got)} of {want}" for name, got, want in (("test", self.test, n_test),
                                                                           ("validation", self.val, n_val))
                  if len(got) < want]
@@ -158,4 +160,9 @@ def build_held_out(key_of: Callable[[int], str], train_key_of: Callable[[int], s
     val = distinct_seeds(key_of, val_seeds, n_val, exclude={k for _, k in test}, seats=seats)
     space = probe_space(train_key_of, rng)
     room = space["estimate"] >= ROOM * (len(test) + len(val)) and not (space["exact"] and space["distinct"] <= len(test) + len(val))
+    if not room:  # nothing is held out: a set short of distinct instances takes the asked episodes, repeating them
+        if len(test) < n_test:
+            test = [(s, key_of(s)) for s in itertools.islice(test_seeds, n_test)]
+        if len(val) < n_val:
+            val = [(s, key_of(s)) for s in itertools.islice(val_seeds, n_val)]
     return HeldOut(test, val, space, room, asked=(n_test, n_val))

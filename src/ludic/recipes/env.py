@@ -75,7 +75,8 @@ class TrainEnvConfig(ModelBlock, LoraBlock, GRPOBlock, TrainRunBlock):
     eval_episodes: int = 64
     """Held-out episodes (greedy) before and after training; 0: no evaluation."""
     eval_every: int = 5
-    """Also evaluate every N steps on the validation episodes (logged as eval/*; 0: before and after only)."""
+    """Also evaluate every N steps on the validation episodes (logged as eval/*; 0: before and after only). With
+    --train-steps given it sets the validation cadence; when the budget alone decides, validation goes by the clock."""
     val_episodes: int = 32
     """Validation episodes (greedy) of the evaluations during training (--eval-every): held-out seeds apart
     from the test ones (``env_setup.VAL_SEED_FIRST``), so --keep-best does not choose on the test."""
@@ -89,7 +90,7 @@ class TrainEnvConfig(ModelBlock, LoraBlock, GRPOBlock, TrainRunBlock):
     format_demo_lr: float = 2e-4
     budget_minutes: float = 30.0
     """The run's time budget, evaluations included (``recipes.common.StepBudget``): steps go on while one more and
-    the closing evaluation fit, validation evaluations come every 1/8 of it (``--eval-every`` then unused); 0: no
+    the closing evaluation fit, validation evaluations come every 1/8 of it (unless --train-steps and --eval-every are given); 0: no
     budget (``--train-steps`` decides)."""
     train_steps: int = 0
     """At most this many optimizer steps (0: the budget decides)."""
@@ -256,7 +257,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
             league.append(TransformersEngine(frozen_copy(model), tok))
         if budget is None:
             return
-        if validation and budget.eval_due():
+        if validation and not cfg.train_steps and budget.eval_due():  # a step count keeps --eval-every
             metrics.update(await trainer.evaluate())
         if not budget.after_step():
             raise TrainingStopped("budget", f"the {cfg.budget_minutes:g}-minute budget holds no further step and the "
@@ -271,7 +272,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     trainer = Trainer(
         model, algo, source, trainer_config(cfg),
         publisher=InProcessPublisher(engine), logger=logger, checkpoint_dir=run_dir / "checkpoints", tokenizer=tok,
-        evaluator=evaluate if validation else None, eval_every=0 if budget else cfg.eval_every, keep_best=keep)
+        evaluator=evaluate if validation else None, eval_every=0 if budget and not cfg.train_steps else cfg.eval_every, keep_best=keep)
     try:
         if cfg.resume and trainer.resume():
             results.update(_resumed_stages(run_dir))
