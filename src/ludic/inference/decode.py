@@ -172,6 +172,12 @@ class StaticDecoder:
             self.mask = full.repeat_interleave(self.kv_heads, dim=0)[:, None, :]
             self.slot = L
 
+    def release(self) -> None:
+        """Drop the batch's buffers (``start`` sizes them by its rows, prompt and ``max_new``; the engine
+        calls this when a batch ends, so they are not held until the next one)."""
+        self.keys, self.values, self.prompt_keys, self.prompt_values = [], [], [], []
+        self.mask = self._zero = None
+
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Feed ``input_ids`` [B] at ``positions`` [B]; the logits [B, V] (fp32) of the next token."""

@@ -201,6 +201,8 @@ class TransformersEngine:
         finally:
             if was_training:
                 self.model.train()
+            if self._static is not None and self._static[1] is not None:
+                self._static[1].release()  # sized by this batch: not held until the next one
         self.stats["batches"] += 1
         self.stats["sequences"] += len(prompts)
         self.stats["tokens"] += sum(len(r.trace.completion_ids) for r in out)
@@ -287,6 +289,7 @@ class TransformersEngine:
         static = self._static_decoder(model)
         if static is not None:
             static.start(past, attn, steps, rows=row_of)
+            past = out = None  # the decoder holds its own copy of the prefilled cache
         elif U < B:
             past.batch_select_indices(row_of)
         attn, pos = attn[row_of], positions[row_of, -1]
