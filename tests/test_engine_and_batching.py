@@ -225,8 +225,8 @@ def test_scores_apply_the_models_own_logit_post_processing(family):
 def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     """A bf16 model with fp32 LoRA adapters decodes through a view whose LoRA linears are fused
     (``[W; A]`` in one matmul, then B) in bf16, refreshed when the policy moves: after the adapters
-    change and a new policy version, the sampler's log-probs are the trained model's (the base copies
-    are not touched); after ``weights_changed()`` (a full-weight load) the base follows too; every
+    change and a new policy version, the sampler's log-probs are the trained model's (the packed base
+    weights are not touched); after ``weights_changed()`` (a full-weight load) the base follows too; every
     tensor outside the LoRA linears is shared, not copied."""
     from ludic.inference.decode import _GroupMember
     from ludic.training.lora import LoraSettings, load_policy
@@ -246,7 +246,7 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     shared = {n: p.data_ptr() for n, p in model.named_parameters() if "lora_" not in n}
     outside = [(n, q) for n, q in view.named_parameters() if n in shared]
     assert outside and all(shared[n] == q.data_ptr() for n, q in outside)
-    base_copies = [d.clone() for s, d in zip(src, dst) if not s.requires_grad]
+    packed = {id(m.group): m.group.base.state for m in fused}  # the base weights, stacked and packed
 
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # an optimizer step's worth of change, in place, and a base weight changed too
@@ -260,7 +260,7 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     assert stale.logprobs == before.logprobs  # no new policy yet (no publish, no trainer step): the view waits
     engine.policy_version += 1  # what a publish does
     after = engine.generate([prompt], sample)[0].trace
-    assert all(torch.equal(a, d) for a, d in zip(base_copies, [d for s, d in zip(src, dst) if not s.requires_grad]))
+    assert all(m.group.base.state is packed[id(m.group)] for m in fused)  # a new policy repacks nothing
     assert all(torch.equal(d, s.to(d.dtype)) for s, d in zip(src, dst) if s.requires_grad)
     with torch.no_grad():
         q_proj.copy_(q_start)  # back, bit for bit, before the comparisons below

@@ -71,10 +71,12 @@ class TransformersEngine:
             view copies in the trainable tensors (the adapters) when ``policy_version`` or the
             model's trainer steps (``models.weights_step``) moved since its last copy, and every
             tensor, repacking the base weights, after ``weights_changed()`` or ``swap_weights`` (a
-            full-weight load). Every other tensor is shared with the model;
-            the adapted linears' base weights are copied once (about 200 MB for SmolLM2-135M in bf16
-            with LoRA on every linear, and as much again packed). Nothing to do when the model has
-            no adapters. Part of the fast path (``ludic.fastpath``): off, the model decodes itself.
+            full-weight load). Every other tensor is shared with the model; the adapted linears'
+            base weights are held once more, packed (about 200 MB for SmolLM2-135M in bf16 with LoRA
+            on every linear), and that copy is shared by every engine over the same base tensors
+            (``inference.packing.shared_weights``: a frozen opponent sharing the policy's base). Nothing
+            to do when the model has no adapters. Part of the fast path (``ludic.fastpath``): off, the
+            model decodes itself.
         threaded: generate on a worker thread instead of the event loop's thread (see above).
         static_decode: decode Llama-family models with ``decode.StaticDecoder`` (a preallocated fp32
             key/value cache written in place, one grouped attention matmul per layer) instead of the
