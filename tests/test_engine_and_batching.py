@@ -283,6 +283,36 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     assert logp3.tolist() != logp.tolist()
 
 
+def test_a_frozen_opponent_shares_the_policys_base_and_its_packed_decode_weights(tiny_model_dir):
+    """``frozen_copy(share_frozen=True)`` (``ludic train env --opponent frozen``) copies only what trains, the
+    adapters: its base tensors are the policy's, and an engine over it reads the policy engine's packed base
+    weights and packed LM head (one packed copy, not one per engine; with a full copy of the model under it,
+    the opponent had cost two more copies of the model). The policy training its adapters does not move it."""
+    from ludic.inference.decode import _FusedLoraGroup
+    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.reference import frozen_copy
+
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    frozen = frozen_copy(model, share_frozen=True)
+    mine = dict(frozen.named_parameters())
+    assert all((mine[n] is p) != p.requires_grad for n, p in model.named_parameters())
+    policy, opponent = TransformersEngine(model, tok), TransformersEngine(frozen, tok)
+    prompt, sample = list(range(5, 17)), [SamplingParams(temperature=1.0, max_tokens=6, seed=1)]
+    before = opponent.generate([prompt], sample)[0].trace
+    policy.generate([prompt], sample)
+    groups = [[m for m in e._decoder[1].modules() if isinstance(m, _FusedLoraGroup)] for e in (policy, opponent)]
+    assert groups[0] and all(a.base is b.base for a, b in zip(*groups))
+    assert policy._static[1].head_packed is opponent._static[1].head_packed
+    with torch.no_grad():  # a training step's worth of change to the policy's adapters, then a publish
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.5)
+    policy.policy_version += 1
+    assert policy.generate([prompt], sample)[0].trace.logprobs != before.logprobs
+    again = opponent.generate([prompt], sample)[0].trace
+    assert (again.completion_ids, again.logprobs) == (before.completion_ids, before.logprobs)
+
+
 def test_decode_view_follows_a_fused_optimizer_step(tiny_model_dir):
     """The trainer's fused AdamW changes the adapters in place without bumping their version
     counters (a resumed run once differed from an uninterrupted one because the view kept the first
