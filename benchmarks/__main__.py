@@ -1,6 +1,6 @@
 """Run the benchmarks one after another and print one table of ratios measured side by side.
 
-    python -m benchmarks [--only a,b,c,d,e,f,g] [--quick] [--dtype auto] [--threads N]
+    python -m benchmarks [--only a,b,c,d,e,f,g,h] [--quick] [--dtype auto] [--threads N]
                          [--out benchmarks/results.json]
     python -m benchmarks --gpu                # one CUDA GPU: part (a) only, in its GPU configuration
 
@@ -14,6 +14,8 @@ Parts (each compares Ludic with a peer in this run, on this machine):
     d  adapter and full-weight push latency                             (bench_push, bench_vllm)
     e  multi-turn: one merged item per episode against one per turn     (bench_multiturn)
     g  overlapped actor/learner (--overlap) against the sync loop       (bench_pipeline)
+    h  peak RSS of training per env kind (one turn, tool calls, a two-
+       player game), beside the loaded policy's                         (bench_memory, fresh processes)
 
 Parts never run at the same time. A part that fails is reported (and the exit status is 1);
 the others still run. ``--quick`` shrinks every part (1 step, a few tokens, no vLLM) for a smoke
@@ -37,7 +39,7 @@ from typing import Any, Callable
 
 from benchmarks.common import format_table, header, machine_info, row
 
-ORDER = "abcfdeg"
+ORDER = "abcfdegh"
 PARTS = {
     "a": "GRPO step: Ludic vs TRL GRPOTrainer",
     "b": "rollout overhead over the bare engine",
@@ -46,6 +48,7 @@ PARTS = {
     "d": "adapter / full-weight push latency",
     "e": "multi-turn merged vs per-turn items",
     "g": "overlapped actor/learner vs sync loop",
+    "h": "peak RSS of training per env kind",
 }
 
 
@@ -96,8 +99,13 @@ def part_runners(args: argparse.Namespace, dtype: str) -> dict[str, Callable[[],
 
         return bench_pipeline.run(dtype, quick=args.quick)
 
+    def h() -> dict[str, Any]:
+        from benchmarks import bench_memory
+
+        return bench_memory.run(dtype, quick=args.quick)
+
     return {"a": a, "b": b, "c": lambda: trainer_rows("rows_c"), "f": lambda: trainer_rows("rows_f"), "d": d, "e": e,
-            "g": g}
+            "g": g, "h": h}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -102,7 +102,7 @@ def test_cpu_info_and_header():
 
 
 def test_parse_only():
-    assert parse_only(None) == ["a", "b", "c", "f", "d", "e", "g"]
+    assert parse_only(None) == ["a", "b", "c", "f", "d", "e", "g", "h"]
     assert parse_only("f, c,a") == ["a", "c", "f"]
     with pytest.raises(SystemExit, match="unknown part"):
         parse_only("a,x")
@@ -144,9 +144,9 @@ def test_runner_quick_smoke(tmp_path):
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
-    assert res["quick"] is True and set(res["parts"]) == {"a", "b", "c", "f", "d", "e", "g"}
+    assert res["quick"] is True and set(res["parts"]) == {"a", "b", "c", "f", "d", "e", "g", "h"}
     parts = {r["part"] for r in res["rows"]}
-    assert parts == {"a", "b", "c", "f", "d", "e", "g"}
+    assert parts == {"a", "b", "c", "f", "d", "e", "g", "h"}
     for r in res["rows"]:
         assert isinstance(r["ludic"], (int, float)) and math.isfinite(r["ludic"]) and r["ludic"] > 0, r
     assert res["parts"]["a"]["tokens_within_10pct"] is True

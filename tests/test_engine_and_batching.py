@@ -225,8 +225,8 @@ def test_scores_apply_the_models_own_logit_post_processing(family):
 def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     """A bf16 model with fp32 LoRA adapters decodes through a view whose LoRA linears are fused
     (``[W; A]`` in one matmul, then B) in bf16, refreshed when the policy moves: after the adapters
-    change and a new policy version, the sampler's log-probs are the trained model's (the base copies
-    are not touched); after ``weights_changed()`` (a full-weight load) the base follows too; every
+    change and a new policy version, the sampler's log-probs are the trained model's (the packed base
+    weights are not touched); after ``weights_changed()`` (a full-weight load) the base follows too; every
     tensor outside the LoRA linears is shared, not copied."""
     from ludic.inference.decode import _GroupMember
     from ludic.training.lora import LoraSettings, load_policy
@@ -246,7 +246,7 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     shared = {n: p.data_ptr() for n, p in model.named_parameters() if "lora_" not in n}
     outside = [(n, q) for n, q in view.named_parameters() if n in shared]
     assert outside and all(shared[n] == q.data_ptr() for n, q in outside)
-    base_copies = [d.clone() for s, d in zip(src, dst) if not s.requires_grad]
+    packed = {id(m.group): m.group.base.state for m in fused}  # the base weights, stacked and packed
 
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # an optimizer step's worth of change, in place, and a base weight changed too
@@ -260,7 +260,7 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     assert stale.logprobs == before.logprobs  # no new policy yet (no publish, no trainer step): the view waits
     engine.policy_version += 1  # what a publish does
     after = engine.generate([prompt], sample)[0].trace
-    assert all(torch.equal(a, d) for a, d in zip(base_copies, [d for s, d in zip(src, dst) if not s.requires_grad]))
+    assert all(m.group.base.state is packed[id(m.group)] for m in fused)  # a new policy repacks nothing
     assert all(torch.equal(d, s.to(d.dtype)) for s, d in zip(src, dst) if s.requires_grad)
     with torch.no_grad():
         q_proj.copy_(q_start)  # back, bit for bit, before the comparisons below
@@ -281,6 +281,36 @@ def test_cast_adapter_view_samples_the_trained_adapters(tiny_model_dir):
     assert again[0].trace.completion_ids == fresh[0].trace.completion_ids
     assert again[0].trace.logprobs == fresh[0].trace.logprobs
     assert logp3.tolist() != logp.tolist()
+
+
+def test_a_frozen_opponent_shares_the_policys_base_and_its_packed_decode_weights(tiny_model_dir):
+    """``frozen_copy(share_frozen=True)`` (``ludic train env --opponent frozen``) copies only what trains, the
+    adapters: its base tensors are the policy's, and an engine over it reads the policy engine's packed base
+    weights and packed LM head (one packed copy, not one per engine; with a full copy of the model under it,
+    the opponent had cost two more copies of the model). The policy training its adapters does not move it."""
+    from ludic.inference.decode import _FusedLoraGroup
+    from ludic.training.lora import LoraSettings, load_policy
+    from ludic.training.reference import frozen_copy
+
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    frozen = frozen_copy(model, share_frozen=True)
+    mine = dict(frozen.named_parameters())
+    assert all((mine[n] is p) != p.requires_grad for n, p in model.named_parameters())
+    policy, opponent = TransformersEngine(model, tok), TransformersEngine(frozen, tok)
+    prompt, sample = list(range(5, 17)), [SamplingParams(temperature=1.0, max_tokens=6, seed=1)]
+    before = opponent.generate([prompt], sample)[0].trace
+    policy.generate([prompt], sample)
+    groups = [[m for m in e._decoder[1].modules() if isinstance(m, _FusedLoraGroup)] for e in (policy, opponent)]
+    assert groups[0] and all(a.base is b.base for a, b in zip(*groups))
+    assert policy._static[1].head_packed is opponent._static[1].head_packed
+    with torch.no_grad():  # a training step's worth of change to the policy's adapters, then a publish
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.5)
+    policy.policy_version += 1
+    assert policy.generate([prompt], sample)[0].trace.logprobs != before.logprobs
+    again = opponent.generate([prompt], sample)[0].trace
+    assert (again.completion_ids, again.logprobs) == (before.completion_ids, before.logprobs)
 
 
 def test_decode_view_follows_a_fused_optimizer_step(tiny_model_dir):

@@ -107,6 +107,24 @@ def test_repeated_prompts_are_prefilled_once_and_decode_as_alone(tiny_model_dir)
         assert max(abs(x - y) for x, y in zip(b.logprobs, alone.logprobs)) < 1e-4
 
 
+def test_a_batch_releases_its_key_value_buffers_when_it_ends(tiny_model_dir):
+    """The static decoder's buffers are sized by one batch (rows x (prompt + max_tokens) per layer, in fp32):
+    the engine drops them when the batch ends, as it does the prefill cache, so they are not held through the
+    next training step (they were kept until the next batch started)."""
+    tok = load_tokenizer(str(tiny_model_dir))
+    model = load_model(str(tiny_model_dir), dtype="float32")
+    engine = TransformersEngine(model, tok)
+    for grpo in (False, True):
+        prompts = _prompts(grpo)
+        _run(engine, prompts, [SamplingParams(temperature=1.0, max_tokens=6, seed=i) for i in range(len(prompts))])
+        static = engine._static[1]
+        assert static is not None
+        assert (static.keys, static.values, static.prompt_keys, static.prompt_values) == ([], [], [], [])
+        assert static.mask is None
+    with pytest.raises(RuntimeError, match="no room left"):  # released: a step needs a new start()
+        static.step(torch.tensor([8]), torch.tensor([3]))
+
+
 def test_the_cache_refuses_a_step_past_its_size(tiny_model_dir):
     tok = load_tokenizer(str(tiny_model_dir))
     model = load_model(str(tiny_model_dir), dtype="float32")

@@ -19,7 +19,8 @@ cache to a ``StaticDecoder``, which runs every following one-token step itself:
   ``nn.Linear``, peft LoRA linears and the fused decode view all work unchanged.
 
 The decode view (``cast_adapter_view``) replaces a LoRA model's linears by ``_FusedLoraGroup``s in
-the base dtype; their base weights, and a frozen LM head, are ``pack``-ed for oneDNN.
+the base dtype; their base weights, and a frozen LM head, are ``pack``-ed for oneDNN
+(``inference.packing``: one packed copy per set of weights, however many views read it).
 
 Numerics follow the model's forward: projections and rotary in the model dtype, keys and values
 rounded to it before they are stored (the fp32 buffer holds exactly the values a bf16 cache would),
@@ -40,50 +41,7 @@ import torch
 
 from ludic import fastpath
 from ludic.architectures import llama_like, rotary
-
-PACK_ROWS = 16
-"""The batch size oneDNN's weight layout is chosen for (``pack``); any row count works."""
-
-_PACKING: dict[Any, bool] = {}  # dtype -> whether packed matmuls work (and match) on this machine
-
-
-def pack(weight: torch.Tensor) -> torch.Tensor | None:
-    """``weight`` [out, in] reordered into oneDNN's blocked layout, or None where that is not
-    available (not CPU, not bf16 / fp32, a torch without oneDNN, or a probe that fails or differs).
-
-    A decode step multiplies a few rows by every weight matrix. Unpacked, oneDNN reorders the
-    weight on every call: 16 rows x SmolLM2's linears streamed weights at 7-9 GB/s on this 2-core
-    machine, 15-20 GB/s prepacked (bf16 bit for bit; fp32 to rounding). The packed tensor is a
-    snapshot: repack after the weight changes."""
-    if not fastpath.enabled(weight.device) or weight.dtype not in (torch.bfloat16, torch.float32):
-        return None
-    if weight.dtype not in _PACKING:
-        _PACKING[weight.dtype] = _probe(weight.dtype)
-    if not _PACKING[weight.dtype]:
-        return None
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_ROWS)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for 2-D ``x``, through ``packed`` (``pack(weight)``) when given."""
-    if packed is None:
-        return torch.nn.functional.linear(x, weight, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [None], "")
-
-
-def _probe(dtype: Any) -> bool:
-    try:
-        if not torch.backends.mkldnn.is_available():
-            return False
-        g = torch.Generator().manual_seed(0)
-        w, x = torch.randn(40, 24, generator=g).to(dtype), torch.randn(5, 24, generator=g).to(dtype)
-        got = torch.ops.mkldnn._linear_pointwise(x, torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS),
-                                                 None, "none", [None], "")
-        want = torch.nn.functional.linear(x.float(), w.float())
-        return got.dtype == dtype and bool(((got.float() - want).abs() <= 0.02 * want.abs().max()).all())
-    except (RuntimeError, AttributeError):
-        return False
-
+from ludic.inference.packing import PACK_ROWS, linear, pack, shared_weights  # noqa: F401 (decode.pack, decode.linear)
 
 class StaticDecoder:
     """One-token decode steps over a preallocated fp32 key/value cache (see the module docstring).
@@ -96,10 +54,14 @@ class StaticDecoder:
         self.config = base.config
         self.body = base.get_decoder()
         self.head = base.get_output_embeddings()
-        # a frozen head (LoRA: peft freezes it) is packed once; the engine rebuilds the decoder after
-        # weights_changed / swap_weights, and a head that trains is never packed (it changes every step)
+        # a frozen head (LoRA: peft freezes it) is packed when the decoder is built (the engine rebuilds it after
+        # weights_changed / swap_weights), one packed copy for every decoder over the same head (a frozen
+        # opponent sharing the policy's); a head that trains is never packed (it changes every step)
         w = self.head.weight
-        self.head_packed = None if w.requires_grad or getattr(self.head, "bias", None) is not None else pack(w)
+        self.head_packed = None
+        if not w.requires_grad and getattr(self.head, "bias", None) is None:
+            self.head_packed = shared_weights([w], [None], w.dtype)
+            self.head_packed.refresh()
         self.layers = list(self.body.layers[: self.config.num_hidden_layers])
         attn = self.layers[0].self_attn
         self.head_dim = attn.head_dim
@@ -172,6 +134,12 @@ class StaticDecoder:
             self.mask = full.repeat_interleave(self.kv_heads, dim=0)[:, None, :]
             self.slot = L
 
+    def release(self) -> None:
+        """Drop the batch's buffers (``start`` sizes them by its rows, prompt and ``max_new``; the engine
+        calls this when a batch ends, so they are not held until the next one)."""
+        self.keys, self.values, self.prompt_keys, self.prompt_values = [], [], [], []
+        self.mask = self._zero = None
+
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Feed ``input_ids`` [B] at ``positions`` [B]; the logits [B, V] (fp32) of the next token."""
@@ -200,9 +168,9 @@ class StaticDecoder:
             x = x + layer.mlp(norm2(x))
         self.slot = t + 1
         x = self.body.norm(x)
-        if self.head_packed is None:
+        if self.head_packed is None or self.head_packed.packed is None:
             return self.head(x).float()
-        return linear(x, self.head.weight, None, self.head_packed).float()
+        return self.head_packed(x).float()
 
     def _rope(self, cos: torch.Tensor, sin: torch.Tensor) -> Any:
         """The step's rotary embedding as ``f(q, k)``. Where the model's ``apply_rotary_pos_emb`` is
@@ -315,10 +283,11 @@ class _FusedLoraGroup(torch.nn.Module):
     ``x @ [A_1; ..; A_k]^T`` in one small one, then ``+ scale * h_A @ B^T`` in one ``addmm`` with the
     block-diagonal B. Three matmuls where peft runs three per linear, plus its casts, dropout call,
     scaling multiply and add. The first member called with an input computes every member's output;
-    the others take their columns. ``weight``, ``lora_a`` and ``lora_b`` hold copies in the decode
-    dtype, which ``cast_adapter_view`` lists for refreshing; ``repack`` packs ``weight`` again after
-    the engine copied new base weights in (the adapters live apart, so a training step repacks
-    nothing)."""
+    the others take their columns. ``base`` (``packing.SharedWeights``) holds the stacked base weights,
+    packed: one copy for every view over the same base tensors (the policy's and a frozen opponent's that
+    shares them), repacked by ``repack`` after a full-weight load. ``lora_a`` and ``lora_b`` hold copies of
+    the adapters in the decode dtype, which ``cast_adapter_view`` lists for refreshing (they live apart,
+    so a training step repacks nothing)."""
 
     def __init__(self, bases: list[torch.nn.Linear], a: list[torch.Tensor], b: list[torch.Tensor],
                  scale: float, dtype: Any) -> None:
@@ -329,38 +298,32 @@ class _FusedLoraGroup(torch.nn.Module):
         self.cols = [sum(outs[:i]) for i in range(len(outs) + 1)]  # member i: columns cols[i]:cols[i+1]
         self.ranks = ranks
         with torch.no_grad():
-            w = torch.cat([m.weight.to(dtype) for m in bases])
             lora_a = torch.cat([t.to(dtype) for t in a])
             lora_b = torch.zeros(sum(outs), sum(ranks), dtype=dtype)
             r0 = 0
             for i, t in enumerate(b):
                 lora_b[self.cols[i]:self.cols[i + 1], r0:r0 + ranks[i]] = t.to(dtype)
                 r0 += ranks[i]
-            parts = [m.bias.to(dtype) if m.bias is not None else torch.zeros(m.out_features, dtype=dtype) for m in bases]
-            bias = torch.cat(parts) if any(m.bias is not None for m in bases) else None
-        self.weight = torch.nn.Parameter(w, requires_grad=False)
+        self.base = shared_weights([m.weight for m in bases], [m.bias for m in bases], dtype)
         self.lora_a = torch.nn.Parameter(lora_a, requires_grad=False)
         self.lora_b = torch.nn.Parameter(lora_b, requires_grad=False)
-        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
-        self.packed: torch.Tensor | None = pack(self.weight)
         self._x: torch.Tensor | None = None
         self._y: torch.Tensor | None = None
         self._left = 0
 
     def copies(self) -> list[torch.Tensor]:
-        """Views of the copies, in the order W_1..W_k, A_1..A_k, B_1..B_k."""
+        """Views of the adapter copies, in the order A_1..A_k, B_1..B_k."""
         n = len(self.ranks)
         r = [sum(self.ranks[:i]) for i in range(n + 1)]
-        w = [self.weight[self.cols[i]:self.cols[i + 1]] for i in range(n)]
         a = [self.lora_a[r[i]:r[i + 1]] for i in range(n)]
         b = [self.lora_b[self.cols[i]:self.cols[i + 1], r[i]:r[i + 1]] for i in range(n)]
-        return w + a + b
+        return a + b
 
     def output(self, x: torch.Tensor, i: int) -> torch.Tensor:
         if x is not self._x:
             # 2-D input: on a strided 3-D input torch's linear expands the weight per row into a bmm
             x2 = x.reshape(-1, x.shape[-1])
-            h = linear(x2, self.weight, self.bias, self.packed)
+            h = self.base(x2)
             y = torch.addmm(h, torch.nn.functional.linear(x2, self.lora_a), self.lora_b.t(), alpha=self.scale)
             self._x, self._y, self._left = x, y, len(self.ranks)
         y = self._y
@@ -445,7 +408,7 @@ def cast_adapter_view(model: Any) -> tuple[Any, list[Any], list[Any]] | None:
         for i, m in enumerate(members):
             parent, _, attr = m.rpartition(".")
             setattr(view.get_submodule(parent) if parent else view, attr, _GroupMember(group, i))
-        src += [o.base_layer.weight for o in origs] + a + b
+        src += a + b
         dst += group.copies()
     mine = dict(view.named_parameters())
     fused_src = {id(t) for t in src}
@@ -461,11 +424,11 @@ def cast_adapter_view(model: Any) -> tuple[Any, list[Any], list[Any]] | None:
 
 
 def repack(view: Any) -> None:
-    """Pack the base weights of every ``_FusedLoraGroup`` in ``view`` again (after new base weights
-    were copied in: the packed tensors are snapshots)."""
+    """Stack and pack the base weights of every ``_FusedLoraGroup`` in ``view`` again (after the model's base
+    weights changed: the packed tensors are snapshots)."""
     for module in view.modules():
         if isinstance(module, _FusedLoraGroup):
-            module.packed = pack(module.weight)
+            module.base.refresh()
 
 
 def _layer_kv(past: Any, i: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -75,10 +75,12 @@ class TransformersEngine:
             view copies in the trainable tensors (the adapters) when ``policy_version`` or the
             model's trainer steps (``models.weights_step``) moved since its last copy, and every
             tensor, repacking the base weights, after ``weights_changed()`` or ``swap_weights`` (a
-            full-weight load). Every other tensor is shared with the model;
-            the adapted linears' base weights are copied once (about 200 MB for SmolLM2-135M in bf16
-            with LoRA on every linear, and as much again packed). Nothing to do when the model has
-            no adapters. Part of the fast path (``ludic.fastpath``): off, the model decodes itself.
+            full-weight load). Every other tensor is shared with the model; the adapted linears'
+            base weights are held once more, packed (about 200 MB for SmolLM2-135M in bf16 with LoRA
+            on every linear), and that copy is shared by every engine over the same base tensors
+            (``inference.packing.shared_weights``: a frozen opponent sharing the policy's base). Nothing
+            to do when the model has no adapters. Part of the fast path (``ludic.fastpath``): off, the
+            model decodes itself.
         threaded: generate on a worker thread instead of the event loop's thread (see above).
         static_decode: decode Llama-family models with ``decode.StaticDecoder`` (a preallocated fp32
             key/value cache written in place, one grouped attention matmul per layer) instead of the
@@ -242,6 +244,8 @@ class TransformersEngine:
         finally:
             if was_training:
                 self.model.train()
+            if self._static is not None and self._static[1] is not None:
+                self._static[1].release()  # sized by this batch: not held until the next one
         self.stats["batches"] += 1
         self.stats["sequences"] += len(prompts)
         self.stats["tokens"] += tokens
@@ -327,6 +331,7 @@ class TransformersEngine:
         static = self._static_decoder(model)
         if static is not None:
             static.start(past, attn, steps, rows=row_of)
+            past = out = None  # the decoder holds its own copy of the prefilled cache
         elif U < B:
             past.batch_select_indices(row_of)
         attn, pos = attn[row_of], positions[row_of, -1]

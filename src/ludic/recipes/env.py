@@ -343,7 +343,7 @@ def play_protocols(cfg: TrainEnvConfig, env: Any, engine: Any, model: Any, tok: 
     multi = len(env.agent_ids) > 1
     if multi and cfg.env.opponent not in ("self", "frozen"):
         raise UsageError(f"--opponent must be self or frozen, got {cfg.env.opponent!r}")
-    frozen = TransformersEngine(frozen_copy(model), tok) if multi else None
+    frozen = TransformersEngine(frozen_copy(model, share_frozen=True), tok) if multi else None  # the base shared
     sampling = SamplingParams(temperature=cfg.temperature, max_tokens=cfg.env.max_completion_tokens)
     greedy = SamplingParams(temperature=0.0, max_tokens=cfg.env.max_completion_tokens)
     return (protocols(engine, cfg.env, env, sampling, frozen, greedy),

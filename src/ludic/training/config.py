@@ -25,8 +25,14 @@ class TrainerConfig:
     """Linear warmup from lr/warmup_steps to lr."""
     total_steps: int = 0
     """Length of the decay schedule (0: the recipe's number of steps)."""
-    micro_token_budget: int = 8192
-    """Most padded tokens (longest sequence x rows) in one forward/backward."""
+    micro_token_budget: int = 0
+    """Most padded tokens (longest sequence x rows) in one forward/backward; 0 (default): micro-batches sized by
+    ``micro_batch_mb`` instead. (It was a fixed 8192: with prompts of several hundred tokens, over 10 GB.)"""
+    micro_batch_mb: float = 1024
+    """With ``micro_token_budget`` 0: the MiB one micro-batch may keep for its backward (the trained layers'
+    activations, the scored tokens' logits), estimated from the model's shape and the micro-batch's layout
+    (``training.memory``): the peak a step adds to the model. SmolLM2-135M in fp32: one item with a 400-token
+    prompt of its own takes 580 MiB, a GRPO group of 8 replies of 20 tokens behind one 280-token prompt 730."""
     max_seq_len: int = 1024
     """Longer items lose completion tokens beyond this length."""
     norm_max_tokens: int | None = None

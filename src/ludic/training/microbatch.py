@@ -1,5 +1,6 @@
-"""Micro-batching under a token budget: the trainer splits an optimizer batch into micro-batches whose
-cost fits ``micro_token_budget`` (padded: ``longest sequence * count``, the prompt prefix all rows share
+"""Micro-batching under a budget: the trainer splits an optimizer batch into micro-batches that fit
+``micro_token_budget`` (``longest sequence * count``) or, by default, the bytes a micro-batch keeps for its
+backward (``training.memory``), each packed to compute little (padded: the prompt prefix all rows share
 counted once; flat: the real tokens of the flat pass's prefix tree), and ``collate`` lays one out as
 right-padded tensors with the flattened action-token layout the losses read (``MicroBatch``).
 
@@ -16,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ludic.tokenization import MIN_SHARED_PREFIX, common_prefix_len
+from ludic.training.memory import MicroBatchMemory
 from ludic.training.packed import TreeCost, tree_cost
 from ludic.types import SAWItem
 
@@ -103,9 +105,11 @@ def micro_batch_cost(items: Sequence[SAWItem], share_prefix: bool = True, flat: 
 
 def split_by_token_budget(
     items: Sequence[SAWItem], budget: int, group_key: str | None = None, share_prefix: bool = True,
-    flat: bool = False,
+    flat: bool = False, memory: MicroBatchMemory | None = None,
 ) -> list[list[SAWItem]]:
-    """Pack items into micro-batches with ``max_len * count <= budget`` each.
+    """Pack items into micro-batches with ``max_len * count <= budget`` each, or with ``memory``
+    (``training.memory.MicroBatchMemory``) into micro-batches that keep at most ``budget`` bytes for their
+    backward (``memory.flat`` of the flat pass's layout with ``flat``, else ``memory.padded``).
 
     Two packings are built and the cheaper one (``micro_batch_cost`` plus a per-call overhead)
     is used: items sorted by length and packed greedily (least padding), and, with
@@ -123,11 +127,12 @@ def split_by_token_budget(
     for i, it in enumerate(items):
         key = it.meta.get(group_key, ("__item__", i)) if group_key else i
         units.setdefault(key, []).append(it)
-    by_length = _pack(sorted(units.values(), key=lambda u: max(it.num_tokens for it in u)), budget)
+    fits = _Fits(budget, memory, flat, share_prefix)
+    by_length = _pack(sorted(units.values(), key=lambda u: max(it.num_tokens for it in u)), fits)
     if not share_prefix or len(units) < 2:
         return by_length
     by_prompt = sorted(units.values(), key=lambda u: list(u[0].prompt_ids))
-    by_prompt = _pack_flat(by_prompt, budget) if flat else _pack(by_prompt, budget, share_prefix=True)
+    by_prompt = _pack_flat(by_prompt, fits) if flat else _pack(by_prompt, fits, share_prefix=True)
 
     def total(packing: list[list[SAWItem]]) -> int:
         return sum(micro_batch_cost(mb, share_prefix, flat) + FORWARD_OVERHEAD_TOKENS for mb in packing)
@@ -135,17 +140,33 @@ def split_by_token_budget(
     return by_prompt if total(by_prompt) < total(by_length) else by_length
 
 
-def _pack(units: Sequence[list[SAWItem]], budget: int, share_prefix: bool = False) -> list[list[SAWItem]]:
+class _Fits:
+    """Whether a micro-batch fits the budget: ``longest * count`` tokens, or its bytes (``memory``)."""
+
+    def __init__(self, budget: int, memory: MicroBatchMemory | None, flat: bool, share_prefix: bool) -> None:
+        self.budget, self.memory, self.flat, self.share_prefix = budget, memory, flat, share_prefix
+
+    def __call__(self, count: int, longest: int, prefix: list[int], tree: TreeCost) -> bool:
+        if self.memory is None:
+            return longest * count <= self.budget
+        if self.flat:
+            return self.memory.flat(tree) <= self.budget
+        return self.memory.padded(count, longest, _capped(prefix, count) if self.share_prefix else 0) <= self.budget
+
+
+def _pack(units: Sequence[list[SAWItem]], fits: _Fits, share_prefix: bool = False) -> list[list[SAWItem]]:
     """Greedy packing in the given order; with ``share_prefix`` a unit also starts a new
     micro-batch when adding it costs more than a micro-batch of its own would."""
     out: list[list[SAWItem]] = []
     cur: list[SAWItem] = []
     prefix: list[int] = []  # the prompt tokens every item of ``cur`` starts with
     cur_longest = 0
+    tree = TreeCost()
     for unit in units:
         longest = max(cur_longest, *(it.num_tokens for it in unit))
-        split = bool(cur) and longest * (len(cur) + len(unit)) > budget
         joined = _common(prefix if cur else list(unit[0].prompt_ids), unit)
+        joined_tree = tree.add(unit) if fits.memory is not None else tree
+        split = bool(cur) and not fits(len(cur) + len(unit), longest, joined, joined_tree)
         if cur and not split and share_prefix:
             before = _cost(len(cur), cur_longest, _capped(prefix, len(cur)))
             after = _cost(len(cur) + len(unit), longest, _capped(joined, len(cur) + len(unit)))
@@ -155,14 +176,15 @@ def _pack(units: Sequence[list[SAWItem]], budget: int, share_prefix: bool = Fals
             cur = []
             joined = _common(list(unit[0].prompt_ids), unit)
             longest = max(it.num_tokens for it in unit)
+            joined_tree = TreeCost().add(unit) if fits.memory is not None else tree
         cur.extend(unit)
-        prefix, cur_longest = joined, longest
+        prefix, cur_longest, tree = joined, longest, joined_tree
     if cur:
         out.append(cur)
     return out
 
 
-def _pack_flat(units: Sequence[list[SAWItem]], budget: int) -> list[list[SAWItem]]:
+def _pack_flat(units: Sequence[list[SAWItem]], fits: _Fits) -> list[list[SAWItem]]:
     """``_pack`` with ``share_prefix`` for the flat pass, whose cost is ``packed.tree_cost``: a unit
     joins unless that costs more than a micro-batch of its own."""
     out: list[list[SAWItem]] = []
@@ -170,8 +192,8 @@ def _pack_flat(units: Sequence[list[SAWItem]], budget: int) -> list[list[SAWItem
     cost, longest = TreeCost(), 0
     for unit in units:
         longest = max(longest, *(it.num_tokens for it in unit))
-        split = bool(cur) and longest * (len(cur) + len(unit)) > budget
         joined = cost.add(unit)
+        split = bool(cur) and not fits(len(cur) + len(unit), longest, [], joined)
         alone = TreeCost().add(unit)
         if cur and (split or joined.tokens - cost.tokens > alone.tokens + FORWARD_OVERHEAD_TOKENS):
             out.append(cur)

@@ -60,22 +60,34 @@ def tree_cost(items: Sequence[SAWItem]) -> int:
 
 class TreeCost:
     """``tree_cost`` kept up to date as items join a micro-batch (``add`` returns a new one; each
-    item costs the length of its prompt, if new, and of its completion)."""
+    item costs the length of its prompt, if new, and of its completion), with the sizes of ``_Tree``'s
+    padded blocks (``training.memory`` reads them)."""
 
     def __init__(self) -> None:
         self.prompts: dict[tuple[int, ...], None] = {}
         self.common = 0
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.count = 0
+        self.longest_prompt = 0
+        self.longest_completion = 0
 
     @property
     def tokens(self) -> int:
         return self.common + self.prompt_tokens - len(self.prompts) * self.common + self.completion_tokens
 
+    @property
+    def rest(self) -> int:
+        """The longest prompt rest after the common part (``_Tree.Tg``)."""
+        return self.longest_prompt - self.common
+
     def add(self, items: Sequence[SAWItem]) -> "TreeCost":
         out = TreeCost()
         out.prompts, out.common = dict(self.prompts), self.common
         out.prompt_tokens, out.completion_tokens = self.prompt_tokens, self.completion_tokens
+        out.count = self.count + len(items)
+        out.longest_prompt = max([self.longest_prompt] + [len(it.prompt_ids) for it in items])
+        out.longest_completion = max([self.longest_completion] + [len(it.completion_ids) for it in items])
         for it in items:
             p = tuple(it.prompt_ids)
             out.completion_tokens += len(it.completion_ids)

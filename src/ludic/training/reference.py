@@ -36,12 +36,20 @@ def needs_reference(algorithm: Any) -> bool:
     return bool(loss is not None and loss.needs_ref_logp)
 
 
-def frozen_copy(model: Any) -> Any:
+def frozen_copy(model: Any, share_frozen: bool = False) -> Any:
     """A frozen, eval-mode copy of ``model``: the reference policy of a full fine-tuning run, the fixed
-    opponent of ``ludic train env`` on a multi-player env."""
+    opponent of ``ludic train env`` on a multi-player env.
+
+    ``share_frozen``: the parameters that do not train (``requires_grad`` off: a LoRA model's
+    base) are shared with ``model``, not copied; only the trainable ones (the adapters) are. The trainer
+    never changes the others, so the copy still plays the starting policy, and an engine over it shares
+    the policy engine's packed decode weights (``inference.packing``). For SmolLM2-135M with LoRA that
+    saves a copy of the model (540 MB in fp32). Anything that loads new base weights into ``model`` in
+    place would move the copy too: full fine-tuning shares nothing (every parameter trains)."""
     import copy
 
-    ref = copy.deepcopy(model)
+    memo = {id(p): p for p in model.parameters() if not p.requires_grad} if share_frozen else {}
+    ref = copy.deepcopy(model, memo)
     ref.eval()
     for p in ref.parameters():
         p.requires_grad_(False)

@@ -6,13 +6,11 @@ Before the first step the starting weights are published (``publish_start``). On
        (both counted); a batch empty on every rank is not a step;
     3. ``ppo_epochs`` x ``num_minibatches`` optimizer steps (one by default), each:
        whole-batch normalisers (trained tokens, episodes; all-reduced across ranks);
-       micro-batches under ``micro_token_budget``, each scored at its sampling
-       temperature, ``compute_loss``, ``backward`` (micro-batch losses sum to the
-       batch loss, so no rescaling); gradients all-reduced across ranks (plain data
-       parallel, every rank joins; FSDP2 does its own); clip; AdamW step; the fp32 master
-       weights of low-precision parameters rounded back into the model (``training.precision``);
-    4. LR schedule; bump the policy version and publish weights;
-    5. checkpoint and log.
+       micro-batches sized by ``micro_batch_mb`` (``training.memory``; or ``micro_token_budget``), each scored
+       at its sampling temperature, ``compute_loss``, ``backward`` (micro-batch losses sum to the batch loss);
+       gradients all-reduced across ranks (data parallel, every rank joins; FSDP2 does its own); clip; AdamW
+       step; fp32 master weights of low-precision parameters rounded back into the model (``precision``);
+    4. LR schedule; bump the policy version and publish weights; 5. checkpoint and log.
 
 Everything algorithm-specific lives in the ``Algorithm`` (credit + LossConfig). Beside the trainer: ``objective``
 (score a micro-batch, apply the loss), ``data_parallel`` (sums over ranks), ``reference`` (the KL reference),
@@ -45,6 +43,7 @@ from ludic.training.data_parallel import (all_reduce_grads, global_totals, idle_
                                           token_means_over_ranks)
 from ludic.training.losses import refuse_truncated_sampling
 from ludic.training.lora import frozen_bottom_layers
+from ludic.training.memory import micro_batch_budget
 from ludic.training.objective import SUMMED_STATS, Objective, policy_gradient_objective
 from ludic.tokenization import pad_token_id_for
 from ludic.training.packed import packable
@@ -284,9 +283,10 @@ class Trainer:
         tok_weighted: dict[str, float] = {}
         n_tok = 0
         train_tokens = 0
-        flat = packable(self.model)
-        for group in split_by_token_budget(items, self.cfg.micro_token_budget, self.group_key,
-                                           share_prefix=flat or not self.cfg.gradient_checkpointing, flat=flat):
+        flat, c = packable(self.model), self.cfg
+        budget, memory = micro_batch_budget(self.model, c.micro_token_budget, c.micro_batch_mb, c.gradient_checkpointing)
+        for group in split_by_token_budget(items, budget, self.group_key, share_prefix=flat or not c.gradient_checkpointing,
+                                           flat=flat, memory=memory):
             mb = collate(group, self.pad_token_id, self.device)
             train_tokens += int(mb.attention_mask.sum())
             loss, stats = self.objective(self, mb, totals)
