@@ -12,7 +12,7 @@ train: setup
 
 # Full suite: unit, end-to-end (tiny model) and integration (a real vLLM CPU server).
 test: setup
-	$(PYTHON) -m pytest -q -ra
+	$(PYTHON) -m pytest -q -ra --durations=40
 
 test-fast: setup
 	$(PYTHON) -m pytest -q -m "not integration and not slow"

@@ -176,3 +176,15 @@ def test_a_time_budget_fits_the_steps_and_measures_success_against_minutes(tiny_
     wall = r["wall_s"]
     assert abs(sum(v for k, v in wall.items() if k != "total") - wall["total"]) < 1e-6
     assert json.loads((run / "budget.json").read_text())["budget_s"] == 45.0
+
+
+def test_the_run_length_is_said_before_the_run_starts():
+    """Was: no estimate of a run's time before it started (the ETA came after the first step)."""
+    from types import SimpleNamespace
+
+    from ludic.recipes.env import run_length
+
+    assert "at most about 30 minutes" in run_length(SimpleNamespace(train_steps=0, budget_minutes=30.0))
+    assert "at most 5 steps" in run_length(SimpleNamespace(train_steps=5, budget_minutes=30.0))
+    said = run_length(SimpleNamespace(train_steps=5, budget_minutes=0))
+    assert "no time budget" in said and "ETA" in said

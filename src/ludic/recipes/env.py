@@ -126,6 +126,17 @@ class TrainResult:
     results: dict[str, Any]
 
 
+def run_length(cfg: Any) -> str:
+    """What the run's length will be, said before it starts: the budget bounds it; a step count alone is timed
+    from its first step (the ETA in the step log)."""
+    steps = f"at most {cfg.train_steps} steps" if cfg.train_steps else "as many steps as fit"
+    if cfg.budget_minutes:
+        return (f"run length: at most about {cfg.budget_minutes:g} minutes (--budget-minutes, set-up and "
+                f"evaluations included), {steps}")
+    return (f"run length: {cfg.train_steps} steps and no time budget: the step log's ETA follows the first step "
+            "(--budget-minutes N bounds the time instead)")
+
+
 def train(env: Any, *, model: str | None = None, format_demos: Any = None, tools: Any = None,
           **overrides: Any) -> TrainResult:
     """Train a policy on ``env`` with the defaults of ``ludic train env``, from Python.
@@ -212,6 +223,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     validation = eval_requests(cfg.env, env, [seed for seed, _ in held.val])
 
     budget = StepBudget(cfg.budget_minutes, run_dir / "budget.json") if cfg.budget_minutes else None
+    print(f"[env] {run_length(cfg)}", flush=True)
     curve: list[dict[str, Any]] = []
     """Validation success against minutes (and steps): the report's learning curve."""
 
