@@ -4,7 +4,7 @@ drew them, their distinct instances, the instance space (Chao1 over probed train
 instances occur among the training split's probed instances, and how many a 30-step run of 4 seeds a step
 (seed 0, as ``ludic train env`` drew them then: ``random.Random(0).randrange(10^9)``) trained on.
 
-    python examples/study/old_overlap.py [--probe 20000]
+    python examples/study/old_overlap.py [--probe 20000] [--only products,ta_kuhn1]
 """
 
 import argparse
@@ -28,9 +28,13 @@ OLD = {  # the rows of the old table: (env, env_kwargs)
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--probe", type=int, default=20000, help="training seeds reset to map the training split")
+    ap.add_argument("--only", default="", help="comma list of tasks (default: all)")
     args = ap.parse_args()
     rows = []
+    only = [t for t in args.only.split(",") if t]
     for name, (env, kw) in OLD.items():
+        if only and name not in only:
+            continue
         opts = EnvConfig(env=env, env_kwargs=json.dumps(kw))
         test_key, train_key = instance_key_fn(opts, "eval"), instance_key_fn(opts, "train")
         test = [test_key(EVAL_SEED_BASE + i) for i in range(64)]
