@@ -141,8 +141,8 @@ class HeldOut:
         size = f"{s['estimate']} distinct instances{'' if s['exact'] else ' (estimated)'}"
         if not self.held_out:
             return (f"the instance space is too small to hold out {n_test} test + {n_val} validation instances: "
-                    f"{size}, so training draws the test instances too (and a set short of distinct instances "
-                    "repeats them); the result is on trained instances, not held out (fewer --eval-episodes / "
+                    f"{size}, so training draws the test instances too (and a validation set short of distinct "
+                    "instances repeats them); the result is on trained instances, not held out (fewer --eval-episodes / "
                     "--val-episodes, or a larger space, hold instances out)")
         short = [f"{name} {len(got)} of {want}" for name, got, want in (("test", self.test, n_test),
                                                                           ("validation", self.val, n_val))
@@ -160,9 +160,7 @@ def build_held_out(key_of: Callable[[int], str], train_key_of: Callable[[int], s
     val = distinct_seeds(key_of, val_seeds, n_val, exclude={k for _, k in test}, seats=seats)
     space = probe_space(train_key_of, rng)
     room = space["estimate"] >= ROOM * (len(test) + len(val)) and not (space["exact"] and space["distinct"] <= len(test) + len(val))
-    if not room:  # nothing is held out: a set short of distinct instances takes the asked episodes, repeating them
-        if len(test) < n_test:
-            test = [(s, key_of(s)) for s in itertools.islice(test_seeds, n_test)]
-        if len(val) < n_val:
-            val = [(s, key_of(s)) for s in itertools.islice(val_seeds, n_val)]
+    if not room and len(val) < n_val:  # nothing is held out; keep-best still needs its validation episodes: the
+        val = [(s, key_of(s)) for s in itertools.islice(val_seeds, n_val)]  # asked ones, repeating instances
+    # (the test set stays distinct: a repeated greedy episode of a deterministic game is no new measurement)
     return HeldOut(test, val, space, room, asked=(n_test, n_val))
