@@ -142,8 +142,8 @@ class HeldOut:
         if not self.held_out:
             return (f"the instance space is too small to hold out {n_test} test + {n_val} validation instances: "
                     f"{size}, so training draws the test instances too (and a validation set short of distinct "
-                    "instances repeats them); the result is on trained instances, not held out (fewer --eval-episodes / "
-                    "--val-episodes, or a larger space, hold instances out)")
+                    "instances repeats them); the result is on trained instances, not held out (fewer "
+                    "--eval-episodes / --val-episodes, or a larger space, hold instances out)")
         short = [f"{name} {len(got)} of {want}" for name, got, want in (("test", self.test, n_test),
                                                                           ("validation", self.val, n_val))
                  if len(got) < want]

@@ -90,8 +90,8 @@ class TrainEnvConfig(ModelBlock, LoraBlock, GRPOBlock, TrainRunBlock):
     format_demo_lr: float = 2e-4
     budget_minutes: float = 30.0
     """The run's time budget, evaluations included (``recipes.common.StepBudget``): steps go on while one more and
-    the closing evaluation fit, validation evaluations come every 1/8 of it (unless --train-steps and --eval-every are given); 0: no
-    budget (``--train-steps`` decides)."""
+    the closing evaluation fit, validation evaluations come every 1/8 of it (unless --train-steps is given:
+    then --eval-every); 0: no budget (``--train-steps`` decides)."""
     train_steps: int = 0
     """At most this many optimizer steps (0: the budget decides)."""
 
@@ -223,6 +223,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     validation = eval_requests(cfg.env, env, [seed for seed, _ in held.val])
 
     budget = StepBudget(cfg.budget_minutes, run_dir / "budget.json") if cfg.budget_minutes else None
+    by_clock = budget is not None and not cfg.train_steps  # validation by the clock; a step count keeps --eval-every
     print(f"[env] {run_length(cfg)}", flush=True)
     curve: list[dict[str, Any]] = []
     """Validation success against minutes (and steps): the report's learning curve."""
@@ -269,7 +270,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
             league.append(TransformersEngine(frozen_copy(model), tok))
         if budget is None:
             return
-        if validation and not cfg.train_steps and budget.eval_due():  # a step count keeps --eval-every
+        if validation and by_clock and budget.eval_due():
             metrics.update(await trainer.evaluate())
         if not budget.after_step():
             raise TrainingStopped("budget", f"the {cfg.budget_minutes:g}-minute budget holds no further step and the "
@@ -284,7 +285,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     trainer = Trainer(
         model, algo, source, trainer_config(cfg),
         publisher=InProcessPublisher(engine), logger=logger, checkpoint_dir=run_dir / "checkpoints", tokenizer=tok,
-        evaluator=evaluate if validation else None, eval_every=0 if budget and not cfg.train_steps else cfg.eval_every, keep_best=keep)
+        evaluator=evaluate if validation else None, eval_every=0 if by_clock else cfg.eval_every, keep_best=keep)
     try:
         if cfg.resume and trainer.resume():
             results.update(_resumed_stages(run_dir))
