@@ -267,7 +267,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
                 or (cfg.train_steps > 0 and step >= max(1, cfg.train_steps // 2)))  # whichever ends the run first
         if frozen is not None and not league and half:
             model.save_pretrained(str(run_dir / LEAGUE_DIR))
-            league.append(TransformersEngine(frozen_copy(model), tok))
+            league.append(TransformersEngine(frozen_copy(model, share_frozen=True), tok))  # the base shared
         if budget is None:
             return
         if validation and by_clock and budget.eval_due():
