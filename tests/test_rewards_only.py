@@ -50,3 +50,77 @@ def test_the_solver_mode_writes_its_teacher_records_too(tiny_model_dir, tmp_path
                         positions_per_step=2, group_size=2, logger="none", eval_base=False))
     records = [json.loads(line) for line in (run / "sft" / "records.jsonl").read_text().splitlines()]
     assert len(records) == 335 and all(ttt.parse_coord(r["completion"]) in ttt.best_moves(_board(r)) for r in records)
+
+
+def _game(result, rung, parse_error=False):
+    from ludic.types import Rollout, Step
+
+    info = {"parse_error": True} if parse_error else {"result": result}
+    step = Step(index=0, prev_obs="board", action="B2", parsed_action="B2", next_obs=None, reward=0.0,
+                terminated=True, info=info)
+    return Rollout(steps=[step], meta={"rung": rung})
+
+
+def test_game_results_count_a_malformed_move_as_a_forfeit():
+    from ludic.tictactoe.game_rl import game_metrics
+
+    m = game_metrics([_game("win", 0), _game("draw", 0), _game("loss", 0), _game("illegal", 0),
+                      _game(None, 0, parse_error=True)])
+    assert (m["win_rate"], m["draw_rate"], m["loss_rate"], m["forfeit_rate"]) == (0.2, 0.2, 0.2, 0.4)
+    assert m["non_loss_rate"] == 0.4
+
+
+def test_the_opponent_ladder_moves_up_on_non_losses_and_replays_the_rungs_below():
+    import pytest
+
+    from ludic.tictactoe.game_rl import OpponentLadder, parse_rung
+
+    assert parse_rung("mixed:0.2") == ("mixed", 0.2) and parse_rung("minimax") == ("minimax", 0.5)
+    for bad in ("mcts", "random:0.3", "mixed:2", "mixed:x"):
+        with pytest.raises(ValueError, match="rung"):
+            parse_rung(bad)
+    ladder = OpponentLadder(["random", "mixed:0.5", "minimax"], promote_at=0.75, replay_fraction=0.25)
+    assert ladder.batch_levels(8) == [0] * 8  # nothing below the first rung to replay
+    # 3 of 4 games against the current rung are non-losses (a replayed game does not count)
+    ladder.observe([_game("win", 0), _game("draw", 0), _game("loss", 0), _game("loss", 1)], batch=1)
+    assert ladder.rung == "random"
+    ladder.observe([_game("win", 0), _game("draw", 0), _game("win", 0), _game("loss", 0)], batch=2)
+    assert ladder.rung == "mixed:0.5" and ladder.promotions == [(2, "mixed:0.5")]
+    levels = ladder.batch_levels(8)
+    assert levels.count(1) == 6 and levels.count(0) == 2
+    for batch in (3, 4, 5):  # the top rung is the last
+        ladder.observe([_game("draw", ladder.level)] * 4, batch=batch)
+    assert ladder.rung == "minimax" and ladder.promotions == [(2, "mixed:0.5"), (3, "minimax")]
+
+
+def test_the_outcome_reward_plays_whole_games_and_never_asks_the_solver(tiny_model_dir, tmp_path):
+    """--reward outcome: RL samples whole games against the ladder's first rung; each turn's reward is 0 until
+    the game's result, and no step carries a solver score of the move."""
+    from ludic.tictactoe.recipe import RecipeConfig, recipe
+
+    run = tmp_path / "run"
+    report = recipe(RecipeConfig(model=str(tiny_model_dir), run_dir=str(run), teacher="none", reward="outcome",
+                                 budget_minutes=0, sft_steps=2, sft_batch_size=8, curve_points=2, rl_rounds=1,
+                                 rl_steps_per_round=2, positions_per_step=3, group_size=2, logger="none",
+                                 eval_base=False))
+    assert json.loads((run / "config.json").read_text())["reward"] == "outcome"
+    assert report["reward"] == "outcome" and report["rl_steps"] == 2
+    games = [json.loads(line) for line in (run / "rl" / "rollouts.jsonl").read_text().splitlines()]
+    assert len(games) == 2 * 3 * 2 and {g["meta"]["rung"] for g in games} == {0}
+    for g in games:
+        steps = g["steps"]
+        assert all(s["reward"] == 0 for s in steps[:-1])  # only the outcome is rewarded
+        assert steps[-1]["reward"] in (1.0, 0.5, 0.0, -1.0) or steps[-1]["info"].get("parse_error")
+        assert not any(k in s["info"] for s in steps for k in ("best_move", "optimal_move"))
+    metrics = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert any("forfeit_rate" in m and "rung" in m for m in metrics)
+    assert "game-level GRPO" in (run / "report.md").read_text()
+
+
+def test_an_unknown_reward_is_refused_before_anything_runs(tmp_path):
+    import pytest
+
+    from ludic.tictactoe.recipe import RecipeConfig, recipe
+
+    with pytest.raises(ValueError, match="--reward must be move or outcome"):
+        recipe(RecipeConfig(model="unused", run_dir=str(tmp_path / "r"), reward="win"))

@@ -52,6 +52,16 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     """solver: SFT on the solver's move on every position it can face, then RL polishes (imitation first);
     none: rewards only: no good move shown anywhere, a format cold start on uniformly random legal cells
     (``cold_start_epochs``), then RL from the solver's scores of the policy's own samples."""
+    reward: str = "move"
+    """RL's reward. move: the solver scores each sampled move (best, value-preserving, value given away,
+    illegal) on positions the policy gets wrong; outcome: whole games against an opponent ladder
+    (``opponent_ladder``), each worth its result only (win 1, draw 0.5, loss 0, forfeit -1), credit over
+    the game's turns (``tictactoe.game_rl``)."""
+    opponent_ladder: str = "random,mixed:0.5,minimax"
+    """--reward outcome: opponents, weakest first (random, mixed:EPS with EPS the share of random moves,
+    minimax with random tie-breaks); the policy moves up when its sampled games against the current
+    one are non-losses at least ``promote_at`` of the time."""
+    promote_at: float = 0.9
     cold_start_epochs: float = 1.0
     """--teacher none: passes over the random-cell records (4 random legal cells per position) in the cold start."""
     budget_minutes: float = 27.0
@@ -92,7 +102,8 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     rl_steps_per_round: int = 4
     """GRPO steps between two exact evaluations (which refresh the failure pool)."""
     positions_per_step: int = 16
-    """Distinct positions (GRPO groups) per RL step, drawn from the failure pool and replayed ones."""
+    """Distinct positions (GRPO groups) per RL step, drawn from the failure pool and replayed ones
+    (--reward outcome: groups of games per step)."""
     group_size: int = 8
     """Sampled answers per position."""
     rl_lr: float = 2e-4
@@ -143,6 +154,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         raise ValueError(f"--answer must be one of {sorted(ANSWER_TOKENS)}, got {cfg.answer!r}")
     if cfg.teacher not in ("solver", "none"):
         raise ValueError(f"--teacher must be solver or none, got {cfg.teacher!r}")
+    if cfg.reward not in ("move", "outcome"):
+        raise ValueError(f"--reward must be move or outcome, got {cfg.reward!r}")
     if cfg.teacher == "none" and cfg.answer not in ("cell", "move"):
         raise ValueError(f"--teacher none answers with a bare cell or <move>: --answer cell or move, not {cfg.answer!r}")
     logger_names(cfg.logger)  # a typo fails now, not after the base evaluation
@@ -253,8 +266,17 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
                               trainer=TrainerConfig(lr=cfg.rl_lr, max_grad_norm=1.0,
                                                     scale_lr_by_signal=cfg.rl_scale_lr_by_signal,
                                                     micro_token_budget=cfg.micro_token_budget))
+    if cfg.reward == "outcome":  # whole games, their results only
+        from ludic.tictactoe.game_rl import GameGRPO, OutcomeRLConfig
+
+        rl_cfg = OutcomeRLConfig(games_per_step=cfg.positions_per_step, group_size=cfg.group_size,
+                                 ladder=tuple(r.strip() for r in cfg.opponent_ladder.split(",") if r.strip()),
+                                 promote_at=cfg.promote_at, temperature=cfg.rl_temperature, seed=cfg.seed,
+                                 algorithm=cfg.rl_algorithm, kl_coef=cfg.rl_kl_coef,
+                                 entropy_coef=cfg.rl_entropy_coef, trainer=rl_cfg.trainer)
     rl_logger = make_logger(cfg.logger, rl_dir, asdict(rl_cfg), total_steps=None)
-    rl = PositionGRPO(model, tok, engine, view, rl_cfg, rl_dir, logger=rl_logger)
+    rl_class = GameGRPO if cfg.reward == "outcome" else PositionGRPO
+    rl = rl_class(model, tok, engine, view, rl_cfg, rl_dir, logger=rl_logger)
     rounds = cfg.rl_rounds or cfg.max_rl_rounds or (10**9 if cfg.budget_minutes else 12)
     final_eval_s = clock.seconds["eval_sft"]  # what the closing full evaluation will take, about
     focus, pool, round_s = sft_eval.focus, sft_eval.pool, 0.0
@@ -299,7 +321,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     clock.add("eval_rl", time.perf_counter() - t0)
     write_games(run_dir, ev.stage_results)  # a few games per stage against minimax, replayed from its decisions
 
-    report = {"teacher": cfg.teacher, "results": ev.stage_results, "seconds": clock.seconds, "total_seconds": clock.elapsed(),
+    report = {"teacher": cfg.teacher, "reward": cfg.reward,
+              "promotions": getattr(rl, "promotions", None), "results": ev.stage_results, "seconds": clock.seconds, "total_seconds": clock.elapsed(),
               "budget_seconds": clock.budget_s, "sft_steps": step, "sft_epochs": step * cfg.sft_batch_size / len(items),
               "rl_steps": rl.steps, "rl_kept_step": kept, "rl_last_round": last_round, "rl_stopped": stopped,
               "precision": precision(model, cfg), "sft_records": len(items), "prompt_tokens": prompt_tokens,
@@ -384,7 +407,12 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
           f"{budget} |\n\n"
         f"SFT: {report['sft_steps']} steps ({report['sft_epochs']:.1f} epochs) on {report['sft_records']} positions, "
         f"{report['prompt_tokens']:.0f} prompt + {report['answer_tokens']:.0f} answer tokens each. "
-        f"RL: {report['rl_steps']} position-level GRPO batches in rounds, each round evaluated exactly against "
+        + (f"RL: {report['rl_steps']} position-level GRPO batches (the solver's move-quality reward) in rounds, "
+           if report.get("reward", "move") == "move" else
+           f"RL: {report['rl_steps']} game-level GRPO batches (game outcome only, against the ladder "
+           f"{report['config'].get('opponent_ladder')}; moved up at batches "
+           f"{', '.join(f'{b} ({r})' for b, r in report.get('promotions') or []) or 'none'}) in rounds, ")
+        + "each round evaluated exactly against "
         f"minimax and on the teacher positions; the adapter of the best round is kept (here after batch "
         f"{report['rl_kept_step']}; 0 is the SFT policy itself), selected on that same exact evaluation (minimax "
         "non-loss first, then value-preserving and legal teacher moves): the kept row is the best of the rounds "
@@ -421,7 +449,8 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
     axes[1].set(title="Teacher positions answered right", xlabel="minutes", ylim=(0, 1.02))
     axes[1].legend()
     axes[2].plot([m["step"] for m in rl], [m["reward_mean"] for m in rl])
-    axes[2].set(title="RL reward (solver, sampled)", xlabel="RL batch")
+    axes[2].set(title="RL reward (" + ("solver" if report.get("reward", "move") == "move" else "game outcome")
+                + ", sampled)", xlabel="RL batch")
     for key, label in (("minimax_x", "vs minimax as X"), ("minimax_o", "vs minimax as O"),
                        ("random", "vs random (mean)")):
         pts = [c for c in curve if f"{key}_non_loss_rate" in c]
