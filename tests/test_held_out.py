@@ -126,3 +126,28 @@ def test_a_hedged_qa_answer_is_wrong():
         env.reset()
         out = env.step({"agent_0": "41, 42, 43"})["agent_0"]
         assert out.reward == 0.0 and out.info["hedged"], grader
+
+
+def test_the_study_table_is_built_from_the_runs_own_summaries(tmp_path, capsys):
+    """examples/study/table.py: every number of docs/study.md's table comes from a run's summary.json, the
+    two-player runs with a row per evaluation opponent (wins in play apart from wins by forfeit)."""
+    import importlib.util
+    import json
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "examples" / "study"
+    spec = importlib.util.spec_from_file_location("study_table", root / "table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    shutil.copytree(root / "results" / "chain_sum-s0", tmp_path / "chain_sum-s0")
+    s = json.loads((tmp_path / "chain_sum-s0" / "summary.json").read_text())
+    stage = {**s["base"], "success_rate": 0.5, "play_win_rate": 0.25, "forfeit_win_rate": 0.25}
+    s["opponents"] = {"random": {"base": stage, "trained": stage}}
+    (tmp_path / "poker-s1").mkdir()
+    (tmp_path / "poker-s1" / "summary.json").write_text(json.dumps(s))
+    table.main(tmp_path)
+    out = capsys.readouterr().out
+    assert "| chain_sum | 0 | 64 (0) | 13,407 (est.) | 12.5% (6.5%-22.8%) | 29.7% (19.9%-41.8%) | +17.2 | yes |" in out
+    assert "Mean gain over 2 task(s)" in out and "poker seed 1, test deals against each opponent" in out
+    assert "| random | 50.0% (6.5%-22.8%); 25.0% / 25.0% |" in out
