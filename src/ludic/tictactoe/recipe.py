@@ -62,6 +62,7 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     minimax with random tie-breaks); the policy moves up when its sampled games against the current
     one are non-losses at least ``promote_at`` of the time."""
     promote_at: float = 0.9
+    """--reward outcome: the sampled non-loss rate against the current rung that moves the policy up the ladder."""
     cold_start_epochs: float = 1.0
     """--teacher none: passes over the random-cell records (4 random legal cells per position) in the cold start."""
     budget_minutes: float = 27.0
