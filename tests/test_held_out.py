@@ -144,10 +144,12 @@ def test_the_study_table_is_built_from_the_runs_own_summaries(tmp_path, capsys):
     s = json.loads((tmp_path / "chain_sum-s0" / "summary.json").read_text())
     stage = {**s["base"], "success_rate": 0.5, "play_win_rate": 0.25, "forfeit_win_rate": 0.25}
     s["opponents"] = {"random": {"base": stage, "trained": stage}}
+    s["format_demos"] = {**s["base"], "success_rate": 0.25}  # a cold start: RL's start, and the gain's
     (tmp_path / "poker-s1").mkdir()
     (tmp_path / "poker-s1" / "summary.json").write_text(json.dumps(s))
     table.main(tmp_path)
     out = capsys.readouterr().out
-    assert "| chain_sum | 0 | 64 (0) | 13,407 (est.) | 12.5% (6.5%-22.8%) | 29.7% (19.9%-41.8%) | +17.2 | yes |" in out
+    assert ("| chain_sum | 0 | 64 (0) | 13,407 (est.) | 12.5% (6.5%-22.8%) | base | 29.7% (19.9%-41.8%) | "
+            "+17.2 (+3.0 to +30.7) | yes | 77 |") in out
     assert "Mean gain over 2 task(s)" in out and "poker seed 1, test deals against each opponent" in out
     assert "| random | 50.0% (6.5%-22.8%); 25.0% / 25.0% |" in out

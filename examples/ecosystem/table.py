@@ -27,7 +27,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from ludic.eval.stats import wilson_interval
+from ludic.eval.stats import difference_interval, wilson_interval
 
 
 def pct(x: float) -> str:
@@ -36,12 +36,6 @@ def pct(x: float) -> str:
 
 def ci(m: dict) -> str:
     return f"{pct(m['success_rate'])} ({pct(m['success_ci95_low'])}-{pct(m['success_ci95_high'])})"
-
-
-def gain_interval(p1: float, lo1: float, hi1: float, p2: float, lo2: float, hi2: float) -> tuple[float, float]:
-    """95% interval of p2 - p1 (Newcombe 1998, method 10) from each proportion's Wilson interval."""
-    d = p2 - p1
-    return d - ((p2 - lo2) ** 2 + (hi1 - p1) ** 2) ** 0.5, d + ((hi2 - p2) ** 2 + (p1 - lo1) ** 2) ** 0.5
 
 
 def wall_minutes(run: Path, summary: dict) -> float:
@@ -62,7 +56,7 @@ def compare(start: dict, rates: list[float], episodes: int) -> tuple[str, str, s
     """(trained mean with interval, intervals apart?, gain with its 95% interval) against ``start``."""
     mean, lo, hi = seeds_mean(rates, episodes)
     beyond = "yes" if lo > start["success_ci95_high"] else "no"
-    g_lo, g_hi = gain_interval(start["success_rate"], start["success_ci95_low"], start["success_ci95_high"], mean, lo, hi)
+    g_lo, g_hi = difference_interval(start["success_rate"], start["success_ci95_low"], start["success_ci95_high"], mean, lo, hi)
     gain = f"{100 * (mean - start['success_rate']):+.1f} ({100 * g_lo:+.1f} to {100 * g_hi:+.1f})"
     return f"{pct(mean)} ({pct(lo)}-{pct(hi)})", beyond, gain
 

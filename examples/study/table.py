@@ -2,10 +2,17 @@
 
     python examples/study/table.py [results dir]
 
-Prints markdown: one row per run (distinct test instances and how many were trained on, the instance space,
-base and trained test success with 95% intervals, the gain, steps, wall time), the two-player runs against
-every evaluation opponent (wins in play apart from wins by the opponent's invalid move), each run's validation
-curve against minutes, and the mean gain over tasks. Nothing is typed in by hand: docs/study.md pastes this.
+Prints markdown, nothing typed in by hand (docs/study.md pastes it):
+
+- one row per run: distinct test instances and how many of them the run trained on, the instance space, base
+  test success, the start of RL (after a format cold start, when the task has one), trained test success, each
+  with its 95% Wilson interval, the gain over the start with its 95% interval (Newcombe), whether the trained
+  score lies beyond the start's interval, steps and wall time;
+- one row per task: the seeds' mean (its interval on one seed's episodes, since every seed plays the same test
+  instances; pooling them would count each instance once per seed) and the mean gain over tasks;
+- the two-player runs against every evaluation opponent, wins in play apart from wins by the opponent's invalid
+  move or forfeit;
+- each run's validation success against minutes.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from ludic.eval.stats import difference_interval, wilson_interval
 
 
 def pct(x: float | None) -> str:
@@ -39,40 +48,60 @@ def space(inst: dict) -> str:
     return f"{sp['estimate']:,}" + ("" if sp.get("exact") else " (est.)")
 
 
-def load(root: Path) -> list[tuple[str, int, dict, dict]]:
+def start_of(s: dict) -> dict:
+    """Where RL started: after the format cold start when the run had one, else the base model."""
+    return s.get("format_demos") or s["base"]
+
+
+def gain(start: dict, rate: float, lo: float, hi: float) -> str:
+    g_lo, g_hi = difference_interval(start["success_rate"], start["success_ci95_low"], start["success_ci95_high"],
+                                     rate, lo, hi)
+    return f"{100 * (rate - start['success_rate']):+.1f} ({100 * g_lo:+.1f} to {100 * g_hi:+.1f})"
+
+
+def load(root: Path) -> list[tuple[str, int, dict]]:
     runs = []
     for d in sorted(root.glob("*-s*")):
-        if not (d / "summary.json").exists():
-            continue
         task, _, seed = d.name.rpartition("-s")
-        config = json.loads((d / "config.json").read_text()) if (d / "config.json").exists() else {}
-        runs.append((task, int(seed), json.loads((d / "summary.json").read_text()), config))
+        if (d / "summary.json").exists() and seed.isdigit():
+            runs.append((task, int(seed), json.loads((d / "summary.json").read_text())))
     return runs
 
 
 def main(root: Path) -> None:
     runs = load(root)
-    print("| task | seed | distinct test instances (trained on) | instance space | base (95% CI) | "
-          "trained (95% CI) | gain | beyond the base's interval | steps | wall | stopped |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    gains: dict[str, list[float]] = defaultdict(list)
-    for task, seed, s, _ in runs:
-        inst, base, trained = s["instances"], s["base"], s["trained"]
-        gain = trained["success_rate"] - base["success_rate"]
-        gains[task].append(gain)
+    print("| task | seed | distinct test instances (trained on) | instance space | base (95% CI) | start of RL | "
+          "trained (95% CI) | gain over the start (95% CI) | beyond the start's interval | steps | wall | stopped |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    by_task: dict[str, list[dict]] = defaultdict(list)
+    for task, seed, s in runs:
+        inst, start, t = s["instances"], start_of(s), s["trained"]
+        by_task[task].append(s)
         label = "" if inst.get("held_out") else f" **{inst.get('label')}**"
         print(f"| {task}{label} | {seed} | {inst['test_distinct']} ({inst['test_trained']}) | {space(inst)} | "
-              f"{ci(base)} | {ci(trained)} | {100 * gain:+.1f} | "
-              f"{'yes' if trained['success_rate'] > base['success_ci95_high'] else 'no'} | {s['stopped']['step']} | "
+              f"{ci(s['base'])} | {'base' if start is s['base'] else ci(start) + ' (cold start)'} | {ci(t)} | "
+              f"{gain(start, t['success_rate'], t['success_ci95_low'], t['success_ci95_high'])} | "
+              f"{'yes' if t['success_rate'] > start['success_ci95_high'] else 'no'} | {s['stopped']['step']} | "
               f"{s['wall_s']['total'] / 60:.1f} min | {s['stopped']['reason']} |")
-    if gains:
-        means = [statistics.fmean(g) for g in gains.values()]
-        print(f"\nMean gain over {len(gains)} task(s) (each task's mean over its seeds): "
-              f"{100 * statistics.fmean(means):+.1f} points.")
-    two = [(t, seed, s) for t, seed, s, _ in runs if s.get("opponents")]
-    for task, seed, s in two:
-        print(f"\n{task} seed {seed}, test deals against each opponent (win rate; in play / by the opponent's "
-              "invalid move):\n")
+    if not runs:
+        return
+    print("\n| task | seeds | start of RL | trained, mean of the seeds (95% CI) | gain (95% CI) | beyond the start's "
+          "interval |")
+    print("|---|---|---|---|---|---|")
+    gains = []
+    for task, summaries in by_task.items():
+        start = start_of(summaries[0])  # every seed evaluates the same test instances
+        n = summaries[0]["trained"]["episodes"]
+        mean = statistics.fmean(s["trained"]["success_rate"] for s in summaries)
+        lo, hi = wilson_interval(round(mean * n), n)
+        gains.append(mean - start["success_rate"])
+        print(f"| {task} | {len(summaries)} | {ci(start)} | {pct(mean)} ({pct(lo)}-{pct(hi)}) | "
+              f"{gain(start, mean, lo, hi)} | {'yes' if mean > start['success_ci95_high'] else 'no'} |")
+    print(f"\nMean gain over {len(gains)} task(s) (each task's mean over its seeds, from the start of RL): "
+          f"{100 * statistics.fmean(gains):+.1f} points.")
+    for task, seed, s in [(t, seed, s) for t, seed, s in runs if s.get("opponents")]:
+        print(f"\n{task} seed {seed}, test deals against each opponent (success with its interval; wins in play / "
+              "by the opponent's invalid move):\n")
         print("| opponent | base | trained |")
         print("|---|---|---|")
         rows = [("frozen start (trained against)", s["base"], s["trained"])]
@@ -80,7 +109,7 @@ def main(root: Path) -> None:
         for name, b, t in rows:
             print(f"| {name} | {wins(b)} | {wins(t)} |")
     print("\nValidation success (held-out validation instances) against minutes:\n")
-    for task, seed, s, _ in runs:
+    for task, seed, s in runs:
         pts = ", ".join(f"{pct(c['success_rate'])} at {c['minutes']:.1f}" for c in s.get("curve", []))
         kept = s.get("kept") or {}
         print(f"- {task} seed {seed}: {pts or 'none'}; kept step {kept.get('step')} of {s['stopped']['step']}")

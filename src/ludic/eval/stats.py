@@ -3,6 +3,8 @@
 - ``wilson_interval(successes, n)``: the 95% Wilson score interval of a binomial proportion.
 - ``pass_at_k(n, c, k)``: the unbiased pass@k of one problem from ``n`` samples with ``c`` correct (Chen et al.
   2021), ``pass_ks(K)`` the k values a K-sample evaluation reports (1, 2, 4, ..., K).
+- ``difference_interval(p1, lo1, hi1, p2, lo2, hi2)``: the 95% interval of a gain ``p2 - p1`` from the two
+  proportions' own intervals (Newcombe's hybrid score interval).
 - ``bootstrap_interval(values)``: a seeded percentile bootstrap of a mean over problems.
 - ``mean_interval(values)``: the interval every evaluation summary uses for a mean over problems of per-problem
   values in [0, 1] (``eval.samples.sample_summary``): Wilson when every value is 0 or 1 (one sample per problem, a
@@ -36,6 +38,13 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     centre = (p + z2 / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
     return (0.0 if successes == 0 else max(0.0, centre - half)), (1.0 if successes == n else min(1.0, centre + half))
+
+
+def difference_interval(p1: float, lo1: float, hi1: float, p2: float, lo2: float, hi2: float) -> tuple[float, float]:
+    """95% interval of ``p2 - p1`` from each proportion's Wilson interval (Newcombe 1998, method 10): the
+    usual test of a gain between two independent evaluations (it excludes 0 when the gain is significant)."""
+    d = p2 - p1
+    return d - math.sqrt((p2 - lo2) ** 2 + (hi1 - p1) ** 2), d + math.sqrt((hi2 - p2) ** 2 + (p1 - lo1) ** 2)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
