@@ -93,7 +93,7 @@ def test_the_opponent_ladder_moves_up_on_non_losses_and_replays_the_rungs_below(
     assert ladder.rung == "minimax" and ladder.promotions == [(2, "mixed:0.5"), (3, "minimax")]
 
 
-def test_the_outcome_reward_plays_whole_games_and_never_asks_the_solver(tiny_model_dir, tmp_path):
+def test_the_outcome_reward_plays_whole_games_and_never_asks_the_solver(tiny_model_dir, tmp_path, capsys):
     """--reward outcome: RL samples whole games against the ladder's first rung; each turn's reward is 0 until
     the game's result, and no step carries a solver score of the move."""
     from ludic.tictactoe.recipe import RecipeConfig, recipe
@@ -115,6 +115,20 @@ def test_the_outcome_reward_plays_whole_games_and_never_asks_the_solver(tiny_mod
     metrics = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert any("forfeit_rate" in m and "rung" in m for m in metrics)
     assert "game-level GRPO" in (run / "report.md").read_text()
+    # examples/rewards_only/table.py reads the run's report.json (as the study copies it) into its table
+    import importlib.util
+    import shutil
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "rewards_only" / "table.py"
+    spec = importlib.util.spec_from_file_location("rewards_only_table", script)
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    shutil.copytree(run, tmp_path / "results" / "outcome-s0")
+    table.main(tmp_path / "results")
+    out = capsys.readouterr().out
+    assert "outcome-s0 (reward outcome, teacher none)" in out and "| after the cold start |" in out
+    assert "| kept (batch " in out and "Exact non-loss against minimax over time: " in out
 
 
 def test_an_unknown_reward_is_refused_before_anything_runs(tmp_path):
