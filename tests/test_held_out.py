@@ -153,3 +153,5 @@ def test_the_study_table_is_built_from_the_runs_own_summaries(tmp_path, capsys):
             "+17.2 (+3.0 to +30.7) | yes | 77 |") in out
     assert "Mean gain over 2 task(s)" in out and "poker seed 1, test deals against each opponent" in out
     assert "| random | 50.0% (6.5%-22.8%); 25.0% / 25.0% |" in out
+    # the best constant answer, computed from the kept test episodes (the summary predates it)
+    assert "| chain_sum | 0 | '-2': 6.2% | 29.7% | 27 ('1', 28.1%) | 35 ('-3', 9.4%) |" in out

@@ -3,7 +3,8 @@
 # model, every task's test and validation sets distinct instances never trained on, three training seeds per task,
 # one run at a time (two runs on 2 cores slow each other and change what a budgeted run learns). Each finished
 # run's summary.json and config.json are copied to examples/study/results/<task>-s<seed>/ (run directories do not
-# survive the machine), and a task's seed is skipped when its results are there already, so the script resumes.
+# survive the machine), with its test episodes before and after (eval_base.jsonl, eval_trained.jsonl: every reply,
+# for reading and for `ludic eval rescore`), and a task's seed is skipped when its results are there already, so the script resumes.
 #
 #   bash examples/study/study.sh [seeds...]           (default: 0 1 2; SEEDS_FIRST=1 runs seed 0 of every task first)
 set -u
@@ -20,6 +21,7 @@ train() {  # task, seed, then ludic train env flags
   if [ -f "$OUT/$name-s$s/summary.json" ]; then
     mkdir -p "$KEEP/$name-s$s"
     cp "$OUT/$name-s$s/summary.json" "$OUT/$name-s$s/config.json" "$KEEP/$name-s$s/"
+    cp "$OUT/$name-s$s"/eval_base.jsonl "$OUT/$name-s$s"/eval_trained.jsonl "$KEEP/$name-s$s/" 2>/dev/null
   fi
 }
 task() {  # task name, then flags: every seed of it

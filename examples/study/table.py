@@ -12,7 +12,11 @@ Prints markdown, nothing typed in by hand (docs/study.md pastes it):
   instances; pooling them would count each instance once per seed) and the mean gain over tasks;
 - the two-player runs against every evaluation opponent, wins in play apart from wins by the opponent's invalid
   move or forfeit;
-- each run's validation success against minutes.
+- each run's validation success against minutes;
+- for tasks with reference answers, what the best constant answer scores on the same test instances and how many
+  distinct answers the trained policy gave (a policy that answers the most common reference to everything
+  learned the answers' base rate, not the task): from the summary, or from the kept test episodes
+  (``eval_base.jsonl``, ``eval_trained.jsonl``) of runs summarised before the summary carried it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from ludic.eval.samples import answer_spread, outcome_of
 from ludic.eval.stats import difference_interval, wilson_interval
+from ludic.types import Rollout
 
 
 def pct(x: float | None) -> str:
@@ -57,6 +63,26 @@ def gain(start: dict, rate: float, lo: float, hi: float) -> str:
     g_lo, g_hi = difference_interval(start["success_rate"], start["success_ci95_low"], start["success_ci95_high"],
                                      rate, lo, hi)
     return f"{100 * (rate - start['success_rate']):+.1f} ({100 * g_lo:+.1f} to {100 * g_hi:+.1f})"
+
+
+def given(a: dict) -> str:
+    """The answers a stage gave: how many distinct ones, the most common and its share of the episodes."""
+    return f"{a['distinct_answers']} ({a['top_answer']!r}, {pct(a['top_answer_share'])})" if "distinct_answers" in a \
+        else "none"
+
+
+def spread(run: Path, stage: str, m: dict) -> dict:
+    """``m``'s answer spread (``eval.samples.answer_spread``), else computed from the run's kept test episodes."""
+    if "constant_answer_rate" in m or "distinct_answers" in m:
+        return m
+    path = run / f"eval_{stage}.jsonl"
+    if not path.exists():
+        return {}
+    outcomes = [outcome_of(Rollout.from_dict(json.loads(line))) for line in path.read_text().splitlines() if line]
+    groups: dict = {}
+    for o in outcomes:
+        groups.setdefault(o.problem, []).append(o)
+    return answer_spread(list(groups.values()), outcomes)
 
 
 def load(root: Path) -> list[tuple[str, int, dict]]:
@@ -108,6 +134,17 @@ def main(root: Path) -> None:
         rows += [(name, st.get("base"), st.get("trained")) for name, st in s["opponents"].items()]
         for name, b, t in rows:
             print(f"| {name} | {wins(b)} | {wins(t)} |")
+    answers = [(task, seed, spread(root / f"{task}-s{seed}", "base", s["base"]),
+                spread(root / f"{task}-s{seed}", "trained", s["trained"]), s) for task, seed, s in runs]
+    answers = [a for a in answers if "constant_answer_rate" in a[3]]
+    if answers:
+        print("\nThe best constant answer on the same test instances, and the answers the policy gave:\n")
+        print("| task | seed | best constant answer: its score | trained | base: distinct answers (most common, "
+              "share) | trained: distinct answers (most common, share) |")
+        print("|---|---|---|---|---|---|")
+        for task, seed, b, t, s in answers:
+            print(f"| {task} | {seed} | {t['constant_answer']!r}: {pct(t['constant_answer_rate'])} | "
+                  f"{pct(s['trained']['success_rate'])} | {given(b)} | {given(t)} |")
     print("\nValidation success (held-out validation instances) against minutes:\n")
     for task, seed, s in runs:
         pts = ", ".join(f"{pct(c['success_rate'])} at {c['minutes']:.1f}" for c in s.get("curve", []))

@@ -100,3 +100,29 @@ def test_expand_samples_gives_each_sample_its_own_seed_and_its_problem():
     assert [(r.meta["problem"], r.meta["sample"]) for r in out][:5] == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0)]
     assert len({r.sampling_seed for r in out}) == 12 and out[5].meta["k"] == 1
     assert [r.sampling_seed for r in expand_samples(reqs, 1)] == [0, 1, 2]  # one sample: the request's own seed
+
+
+def test_a_summary_names_the_best_constant_answer_and_a_policy_that_always_gives_one():
+    """Found in the held-out study: on letter_counting (3-5 words) 45 of 64 test questions have the answer 1, and
+    a trained policy that answers 1 to everything scored 70.3%. The summary now says what the best constant answer
+    scores on these test instances and how many distinct answers the policy gave, and the console line says so."""
+    from ludic.recipes.env_setup import format_summary
+
+    def rollout(problem, answer, reference):
+        ok = answer == reference.strip()
+        info = {"answer": answer, "reference": reference, "success": float(ok)}
+        return Rollout(steps=[Step(0, "q", answer, answer, None, float(ok), True, info=info)],
+                       meta={"problem": problem, "sample": 0})
+
+    refs = ["1"] * 7 + ["2", "3", "1 "]  # the references' most common answer is "1" (8 of 10, whitespace normalised)
+    collapsed = summarize([rollout(i, "1", r) for i, r in enumerate(refs)])
+    assert collapsed["success_rate"] == 0.8
+    assert collapsed["constant_answer_rate"] == 0.8 and collapsed["constant_answer"] == "1"
+    assert collapsed["distinct_answers"] == 1 and collapsed["top_answer_share"] == 1.0
+    line = format_summary("[env] trained", collapsed)
+    assert "the best constant answer ('1') scores 80.0%" in line and "always '1'" in line
+    varied = summarize([rollout(i, r.strip(), r) for i, r in enumerate(refs)])
+    assert varied["distinct_answers"] == 3 and varied["top_answer_share"] == 0.8
+    assert "always" not in format_summary("[env] trained", varied)
+    no_refs = summarize([_rollout(1, "4"), _rollout(0, "5")])  # an env that names no reference
+    assert "constant_answer_rate" not in no_refs and "best constant answer" not in format_summary("x", no_refs)

@@ -14,6 +14,11 @@ train env``'s test stages (``recipes.env_setup.summarize``), ``ludic train qa`` 
   most common answer among a problem's samples (ties: the one sampled first) is scored with what the env scored
   for it (the problem counts as solved when a sample giving that answer succeeded);
 - ``reward_mean``, over the samples that did not fail, with a normal interval over problems;
+- where episodes name their reference answer (``info["reference"]``: reasoning-gym and the QA env), the best
+  constant answer's score, ``constant_answer`` and ``constant_answer_rate`` (the share of problems whose reference
+  is the most common one: what a policy that gives that answer to everything scores under exact match), and where
+  they name their own answer, ``distinct_answers`` and ``top_answer_share`` (the share of samples giving the most
+  common one): a policy that learned the answers' base rate rather than the task shows as one answer everywhere;
 
 each with a 95% interval over problems (``eval.stats.mean_interval``: Wilson where every problem's value is 0 or 1,
 a seeded bootstrap over problems otherwise; ``ci95_method`` says which each metric got).
@@ -48,6 +53,8 @@ class SampleOutcome:
     """Its total reward; None for a failed episode (left out of the reward mean)."""
     answer: str | None = None
     """The answer it gave (whitespace normalised), for the majority vote; None: no answer, or a hedged one."""
+    reference: str | None = None
+    """The problem's reference answer (whitespace normalised) where the env names it (``info["reference"]``)."""
 
 
 def expand_samples(requests: Sequence[RolloutRequest], k: int) -> list[RolloutRequest]:
@@ -84,7 +91,8 @@ def outcome_of(r: Rollout, problem: Any = None) -> SampleOutcome:
     answer = None if info.get("hedged") else normalize_answer(info.get("answer", info.get("predicted")))
     return SampleOutcome(problem=problem_key(r) if problem is None else problem, sample=int(r.meta.get("sample", 0)),
                          success=not failed and episode_success(r) >= 1.0,
-                         reward=None if failed else r.total_reward, answer=answer)
+                         reward=None if failed else r.total_reward, answer=answer,
+                         reference=normalize_answer(info.get("reference")))
 
 
 def majority_vote(outcomes: Sequence[SampleOutcome]) -> tuple[str, bool] | None:
@@ -129,7 +137,39 @@ def sample_summary(outcomes: Sequence[SampleOutcome], ks: Sequence[int] | None =
     half = Z95 * statistics.pstdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.0
     out.update(reward_mean=mean, reward_ci95_low=mean - half, reward_ci95_high=mean + half)
     out["ci95_method"] = {**method, "reward_mean": "normal"}
+    out.update(answer_spread(groups, outcomes))
     return out
+
+
+def answer_spread(groups: Sequence[Sequence[SampleOutcome]], outcomes: Sequence[SampleOutcome]) -> dict[str, Any]:
+    """The best constant answer's score (from the references) and how many distinct answers the policy gave."""
+    out: dict[str, Any] = {}
+    refs = [next((o.reference for o in g if o.reference is not None), None) for g in groups]
+    known = [r for r in refs if r is not None]
+    if known:
+        constant, count = Counter(known).most_common(1)[0]
+        out.update(constant_answer=constant, constant_answer_rate=count / len(groups))
+    given = [o.answer for o in outcomes if o.answer is not None]
+    if given:
+        top, count = Counter(given).most_common(1)[0]
+        out.update(distinct_answers=len(set(given)), top_answer=top, top_answer_share=count / len(outcomes))
+    return out
+
+
+COLLAPSED_SHARE = 0.9
+"""``format_answer_spread`` warns when at least this share of the samples gave the same answer."""
+
+
+def format_answer_spread(m: dict[str, Any]) -> str:
+    """The best constant answer's score and a policy that (almost) always gives one answer, as text (or "")."""
+    parts = []
+    if "constant_answer_rate" in m:
+        parts.append(f"the best constant answer ({m['constant_answer']!r}) scores {m['constant_answer_rate'] * 100:.1f}%"
+                     f" on these {m['problems']} test instances")
+    if m.get("top_answer_share", 0.0) >= COLLAPSED_SHARE and m.get("problems", 0) >= 8:
+        parts.append(f"the policy answered almost always {m['top_answer']!r} ({m['top_answer_share'] * 100:.0f}% of "
+                     "episodes): it may have learned the answers' base rate, not the task")
+    return "; ".join(parts)
 
 
 def format_sample_metrics(m: dict[str, Any]) -> str:

@@ -332,7 +332,7 @@ async def evaluate_episodes(protos: dict[str, Callable[[], Any]], reqs: list[Rol
 
 def format_summary(name: str, m: dict[str, Any]) -> str:
     """A summary (``summarize``) in a line; with several samples per problem, its pass@k and majority vote below."""
-    from ludic.eval.samples import format_sample_metrics
+    from ludic.eval.samples import format_answer_spread, format_sample_metrics
 
     forfeit = (f" ({m['play_win_rate'] * 100:.1f}% in play, {m['forfeit_win_rate'] * 100:.1f}% by the opponent's "
                "invalid move or forfeit)" if m.get("forfeit_win_rate") else "")
@@ -340,7 +340,8 @@ def format_summary(name: str, m: dict[str, Any]) -> str:
             f"{m['success_ci95_high'] * 100:.1f}%){forfeit}, reward {m['reward_mean']:.3f} "
             f"({m['reward_ci95_low']:.3f} to {m['reward_ci95_high']:.3f}) on {m['episodes']} episodes, "
             f"{m['turns_mean']:.1f} turns, failed {m['failed_rate'] * 100:.1f}%"
-            + (f"\n  {format_sample_metrics(m)}" if m.get("samples", 1) > 1 else ""))
+            + (f"\n  {format_sample_metrics(m)}" if m.get("samples", 1) > 1 else "")
+            + (f"\n  {spread}" if (spread := format_answer_spread(m)) else ""))
 
 
 def opponent_suite(opts: EnvConfig, env: Any, policy: Any, tok: Any, seeds: Sequence[int], greedy: Any, *,
