@@ -28,9 +28,10 @@ task() {  # task name, then flags: every seed of it
   name=$1; shift
   for s in $SEEDS; do train "$name" "$s" "$@"; done
 }
-# reasoning-gym, instance-rich configs where the base model scores 5-70% (examples/study/screen.sh)
+# reasoning-gym, instance-rich configs where the base model scores 5-70% and no constant answer scores much
+# (examples/study/screen.sh; docs/study.md). letter_counting with 3-5 words is not here: 59% of its questions have
+# the answer 1, and seed 0 "learned" 70.3% by answering 1 to everything (kept in results/ as that finding).
 task chain_sum --env reasoning_gym:chain_sum --env-kwargs '{"config":{"min_terms":2,"max_terms":3,"min_digits":1,"max_digits":2}}'
-task letter_counting --env reasoning_gym:letter_counting --env-kwargs '{"config":{"min_words":3,"max_words":5}}'
 task gcd99 --env reasoning_gym:gcd --env-kwargs '{"config":{"min_value":2,"max_value":99}}'
 # GEM guess-the-number with a random range and secret per instance; a 10-step format cold start of random
 # in-range guesses inside \boxed{} (the format, no strategy); its dialog trains as one sequence
@@ -42,3 +43,7 @@ task indian_poker1 --env textarena:IndianPoker-v0 --env-kwargs '{"max_rounds": 1
 # RL from a good policy: the calculator tool after a cold start that shows its use (must not lose it)
 task calculator --env dataset_qa --env-kwargs '{"source": "arith", "grader": "numeric"}' \
   --tools ludic.envs.qa:calculator --format-demos examples.study.teachers:calculator --max-completion-tokens 48
+# more instance-rich arithmetic with a low constant-answer score (5% and 8%), for a third reasoning task whose
+# gains cannot come from the answers' base rate
+task basic_arith2 --env reasoning_gym:basic_arithmetic --env-kwargs '{"config":{"min_terms":2,"max_terms":2,"min_digits":1,"max_digits":2}}'
+task products12 --env reasoning_gym:products --env-kwargs '{"config":{"min_terms":2,"max_terms":2,"min_digits":1,"max_digits":2}}'
