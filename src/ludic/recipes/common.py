@@ -45,11 +45,17 @@ class Clock:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
 
+VAL_SHARE = 0.25
+"""Most of ``StepBudget``'s training time that validation evaluations may take."""
+
+
 class StepBudget:
     """A run fitted to a time budget (``ludic train env --budget-minutes``): training steps go on while the time
     left holds one more step (its mean wall time so far, validation evaluations included) and the closing
     evaluation (``closing_s``, measured on the opening one); validation evaluations come every ``1 / evals`` of
-    the budget, so a run of any length is measured about ``evals`` times. The clock's start is kept in
+    the budget, so a run of any length is measured about ``evals`` times, counted from the end of the last one, and
+    a slow one waits for ``(1 - VAL_SHARE) / VAL_SHARE`` times its own duration of training: validation takes at most
+    about ``VAL_SHARE`` of the training time, however long an episode is. The clock's start is kept in
     ``<run_dir>/budget.json`` with the seconds spent, so a resumed run spends what is left.
 
     Args:
@@ -69,6 +75,9 @@ class StepBudget:
         self.train_t0: float | None = None
         self.steps = 0
         self.last_eval = time.monotonic()
+        """When the last validation ended (or training started)."""
+        self.last_eval_s = 0.0
+        """How long the last validation took."""
         self.closing_s = 0.0
         """Seconds the closing test evaluation is expected to take (the opening one's, measured)."""
 
@@ -79,11 +88,14 @@ class StepBudget:
         return self.budget_s - self.spent()
 
     def eval_due(self) -> bool:
-        """Whether a validation evaluation is due (every ``budget / evals`` seconds of training)."""
-        if time.monotonic() - self.last_eval < self.budget_s / max(1, self.evals):
-            return False
-        self.last_eval = time.monotonic()
-        return True
+        """Whether a validation evaluation is due: ``budget / evals`` seconds of training since the last one ended,
+        and at least ``(1 - VAL_SHARE) / VAL_SHARE`` times its duration. Call ``eval_done`` after it."""
+        wait = max(self.budget_s / max(1, self.evals), self.last_eval_s * (1 - VAL_SHARE) / VAL_SHARE)
+        return time.monotonic() - self.last_eval >= wait
+
+    def eval_done(self, seconds: float) -> None:
+        """A validation evaluation of ``seconds`` just ended."""
+        self.last_eval, self.last_eval_s = time.monotonic(), seconds
 
     def after_step(self) -> bool:
         """Count a training step (and save the clock); whether another one and the closing evaluation still fit."""

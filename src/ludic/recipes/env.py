@@ -231,9 +231,11 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     async def evaluate(stage: str = "val") -> dict[str, Any]:
         """A test stage on the held-out episodes, or ``val``: the validation ones (``eval_val.jsonl`` holds the
         latest)."""
-        reqs = validation if stage == "val" else held_out
+        reqs, t0 = validation if stage == "val" else held_out, time.monotonic()
         with _timed(wall, "validation" if stage == "val" else "eval"):
             m = await evaluate_episodes(eval_protos, reqs, run_dir / f"eval_{stage}.jsonl", desc=f"eval {stage}")
+        if stage == "val" and budget is not None:  # the next one waits for training time after this one
+            budget.eval_done(time.monotonic() - t0)
         m["minutes"] = (budget.spent() if budget else time.monotonic() - start) / 60.0
         if stage == "val":
             curve.append({"step": trainer.step, "minutes": m["minutes"], "success_rate": m["success_rate"]})
