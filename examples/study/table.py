@@ -16,11 +16,12 @@ Prints markdown, nothing typed in by hand (docs/study.md pastes it):
 - for tasks with reference answers, what the best constant answer scores on the same test instances and how many
   distinct answers the trained policy gave (a policy that answers the most common reference to everything
   learned the answers' base rate, not the task): from the summary, or from the kept test episodes
-  (``eval_base.jsonl``, ``eval_trained.jsonl``) of runs summarised before the summary carried it.
+  (``eval_base.jsonl.gz``, ``eval_trained.jsonl.gz``) of runs summarised before the summary carried it.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import statistics
 import sys
@@ -75,10 +76,11 @@ def spread(run: Path, stage: str, m: dict) -> dict:
     """``m``'s answer spread (``eval.samples.answer_spread``), else computed from the run's kept test episodes."""
     if "constant_answer_rate" in m or "distinct_answers" in m:
         return m
-    path = run / f"eval_{stage}.jsonl"
+    path = run / f"eval_{stage}.jsonl.gz"
     if not path.exists():
         return {}
-    outcomes = [outcome_of(Rollout.from_dict(json.loads(line))) for line in path.read_text().splitlines() if line]
+    lines = gzip.decompress(path.read_bytes()).decode().splitlines()
+    outcomes = [outcome_of(Rollout.from_dict(json.loads(line))) for line in lines if line]
     groups: dict = {}
     for o in outcomes:
         groups.setdefault(o.problem, []).append(o)
