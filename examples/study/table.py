@@ -28,7 +28,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from ludic.eval.samples import answer_spread, outcome_of
+from ludic.eval.samples import COLLAPSED_SHARE, answer_spread, outcome_of
 from ludic.eval.stats import difference_interval, wilson_interval
 from ludic.types import Rollout
 
@@ -114,19 +114,27 @@ def main(root: Path) -> None:
     if not runs:
         return
     print("\n| task | seeds | start of RL | trained, mean of the seeds (95% CI) | gain (95% CI) | beyond the start's "
-          "interval |")
-    print("|---|---|---|---|---|---|")
-    gains = []
+          "interval | a constant answer? |")
+    print("|---|---|---|---|---|---|---|")
+    gains, left_out = [], []
     for task, summaries in by_task.items():
         start = start_of(summaries[0])  # every seed evaluates the same test instances
         n = summaries[0]["trained"]["episodes"]
         mean = statistics.fmean(s["trained"]["success_rate"] for s in summaries)
         lo, hi = wilson_interval(round(mean * n), n)
-        gains.append(mean - start["success_rate"])
+        spreads = [spread(root / f"{task}-s{seed}", "trained", s["trained"])
+                   for t, seed, s in runs if t == task]
+        constant = any(a.get("top_answer_share", 0.0) >= COLLAPSED_SHARE for a in spreads)
+        (left_out if constant else gains).append((task, mean - start["success_rate"]))
         print(f"| {task} | {len(summaries)} | {ci(start)} | {pct(mean)} ({pct(lo)}-{pct(hi)}) | "
-              f"{gain(start, mean, lo, hi)} | {'yes' if mean > start['success_ci95_high'] else 'no'} |")
-    print(f"\nMean gain over {len(gains)} task(s) (each task's mean over its seeds, from the start of RL): "
-          f"{100 * statistics.fmean(gains):+.1f} points.")
+              f"{gain(start, mean, lo, hi)} | {'yes' if mean > start['success_ci95_high'] else 'no'} | "
+              f"{'**yes**: one answer to almost every question' if constant else 'no'} |")
+    if gains:
+        print(f"\nMean gain over {len(gains)} task(s) (each task's mean over its seeds, from the start of RL; a "
+              f"two-player task against the opponent it trained against): "
+              f"{100 * statistics.fmean(g for _, g in gains):+.1f} points"
+              + (f"; left out: {', '.join(t for t, _ in left_out)} (the policy gave one answer to almost every "
+                 "question: the answers' base rate, not the task)." if left_out else "."))
     for task, seed, s in [(t, seed, s) for t, seed, s in runs if s.get("opponents")]:
         print(f"\n{task} seed {seed}, test deals against each opponent (success with its interval; wins in play / "
               "by the opponent's invalid move):\n")
