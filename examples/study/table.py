@@ -68,8 +68,10 @@ def gain(start: dict, rate: float, lo: float, hi: float) -> str:
 
 def given(a: dict) -> str:
     """The answers a stage gave: how many distinct ones, the most common and its share of the episodes."""
-    return f"{a['distinct_answers']} ({a['top_answer']!r}, {pct(a['top_answer_share'])})" if "distinct_answers" in a \
-        else "none"
+    if "distinct_answers" not in a:
+        return "none"
+    top = a["top_answer"] if len(a["top_answer"]) <= 24 else a["top_answer"][:21] + "..."
+    return f"{a['distinct_answers']} ({top!r}, {pct(a['top_answer_share'])})"
 
 
 def spread(run: Path, stage: str, m: dict) -> dict:
