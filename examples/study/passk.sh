@@ -14,5 +14,5 @@ ludic eval env "${ENV[@]}" --samples 8 --temperature "$T" --out "$OUT/base.jsonl
 ludic eval env "${ENV[@]}" --samples 8 --temperature "$T" --adapter "$ADAPTER" --out "$OUT/trained.jsonl" 2>&1 \
   | grep -v "^\[eval"
 for f in base trained; do
-  ludic eval rescore "$OUT/$f.jsonl" --reward examples.study.rewards:tagged 2>&1 | tail -4
+  PYTHONPATH=. ludic eval rescore "$OUT/$f.jsonl" --reward examples.study.rewards:tagged 2>&1 | tail -4
 done
