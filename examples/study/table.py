@@ -82,11 +82,7 @@ def spread(run: Path, stage: str, m: dict) -> dict:
     if not path.exists():
         return {}
     lines = gzip.decompress(path.read_bytes()).decode().splitlines()
-    outcomes = [outcome_of(Rollout.from_dict(json.loads(line))) for line in lines if line]
-    groups: dict = {}
-    for o in outcomes:
-        groups.setdefault(o.problem, []).append(o)
-    return answer_spread(list(groups.values()), outcomes)
+    return answer_spread([outcome_of(Rollout.from_dict(json.loads(line))) for line in lines if line])
 
 
 def load(root: Path) -> list[tuple[str, int, dict]]:
@@ -100,6 +96,8 @@ def load(root: Path) -> list[tuple[str, int, dict]]:
 
 def main(root: Path) -> None:
     runs = load(root)
+    answers = {(task, seed): (spread(root / f"{task}-s{seed}", "base", s["base"]),
+                              spread(root / f"{task}-s{seed}", "trained", s["trained"])) for task, seed, s in runs}
     print("| task | seed | distinct test instances (trained on) | instance space | base (95% CI) | start of RL | "
           "trained (95% CI) | gain over the start (95% CI) | beyond the start's interval | steps | wall | stopped |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -124,9 +122,8 @@ def main(root: Path) -> None:
         n = summaries[0]["trained"]["episodes"]
         mean = statistics.fmean(s["trained"]["success_rate"] for s in summaries)
         lo, hi = wilson_interval(round(mean * n), n)
-        spreads = [spread(root / f"{task}-s{seed}", "trained", s["trained"])
-                   for t, seed, s in runs if t == task]
-        constant = any(a.get("top_answer_share", 0.0) >= COLLAPSED_SHARE for a in spreads)
+        constant = any(answers[t, seed][1].get("top_answer_share", 0.0) >= COLLAPSED_SHARE
+                       for t, seed, _ in runs if t == task)
         (left_out if constant else gains).append((task, mean - start["success_rate"]))
         print(f"| {task} | {len(summaries)} | {ci(start)} | {pct(mean)} ({pct(lo)}-{pct(hi)}) | "
               f"{gain(start, mean, lo, hi)} | {'yes' if mean > start['success_ci95_high'] else 'no'} | "
@@ -146,15 +143,14 @@ def main(root: Path) -> None:
         rows += [(name, st.get("base"), st.get("trained")) for name, st in s["opponents"].items()]
         for name, b, t in rows:
             print(f"| {name} | {wins(b)} | {wins(t)} |")
-    answers = [(task, seed, spread(root / f"{task}-s{seed}", "base", s["base"]),
-                spread(root / f"{task}-s{seed}", "trained", s["trained"]), s) for task, seed, s in runs]
-    answers = [a for a in answers if "constant_answer_rate" in a[3]]
-    if answers:
+    with_refs = [(task, seed, *answers[task, seed], s) for task, seed, s in runs
+                 if "constant_answer_rate" in answers[task, seed][1]]
+    if with_refs:
         print("\nThe best constant answer on the same test instances, and the answers the policy gave:\n")
         print("| task | seed | best constant answer: its score | trained | base: distinct answers (most common, "
               "share) | trained: distinct answers (most common, share) |")
         print("|---|---|---|---|---|---|")
-        for task, seed, b, t, s in answers:
+        for task, seed, b, t, s in with_refs:
             print(f"| {task} | {seed} | {t['constant_answer']!r}: {pct(t['constant_answer_rate'])} | "
                   f"{pct(s['trained']['success_rate'])} | {given(b)} | {given(t)} |")
     print("\nValidation success (held-out validation instances) against minutes:\n")

@@ -137,13 +137,14 @@ def sample_summary(outcomes: Sequence[SampleOutcome], ks: Sequence[int] | None =
     half = Z95 * statistics.pstdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.0
     out.update(reward_mean=mean, reward_ci95_low=mean - half, reward_ci95_high=mean + half)
     out["ci95_method"] = {**method, "reward_mean": "normal"}
-    out.update(answer_spread(groups, outcomes))
+    out.update(answer_spread(outcomes))
     return out
 
 
-def answer_spread(groups: Sequence[Sequence[SampleOutcome]], outcomes: Sequence[SampleOutcome]) -> dict[str, Any]:
+def answer_spread(outcomes: Sequence[SampleOutcome]) -> dict[str, Any]:
     """The best constant answer's score (from the references) and how many distinct answers the policy gave."""
     out: dict[str, Any] = {}
+    groups = _groups(outcomes)
     refs = [next((o.reference for o in g if o.reference is not None), None) for g in groups]
     known = [r for r in refs if r is not None]
     if known:

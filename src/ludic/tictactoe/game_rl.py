@@ -21,13 +21,14 @@ a target.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ludic.inference.client import ChatClient
 from ludic.interaction import SingleAgentProtocol
-from ludic.tictactoe.position_rl import View
+from ludic.tictactoe.position_rl import View, group_trainer, train_batches
+from ludic.tictactoe.prompts import tictactoe_outcome
 from ludic.training.config import TrainerConfig
 from ludic.types import EnvSpec, RolloutRequest
 
@@ -122,11 +123,6 @@ class GameGRPO:
 
     def __init__(self, model: Any, tokenizer: Any, client: ChatClient, view: View, cfg: OutcomeRLConfig,
                  run_dir: Path, *, publisher: Any = None, logger: Any = None, total_steps: int = 0) -> None:
-        from ludic.rollouts.batch import RolloutBatchSource, drop_zero_weight
-        from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
-        from ludic.training.algorithms import algorithm_for
-        from ludic.training.trainer import Trainer
-
         self.cfg, self.view = cfg, view
         self.ladder = OpponentLadder(cfg.ladder, cfg.promote_at, cfg.replay_fraction, cfg.seed)
         self.steps = 0
@@ -135,19 +131,9 @@ class GameGRPO:
         def factory() -> SingleAgentProtocol:
             return SingleAgentProtocol(view.agent(client, cfg.temperature), stop_on_parse_error=True)
 
-        algo = algorithm_for(cfg)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        engine = RolloutEngine({"single_agent": factory}, concurrency=cfg.games_per_step * cfg.group_size,
-                               jsonl_path=run_dir / "rollouts.jsonl")
-        source = RolloutBatchSource(engine, self._requests, algo.credit,
-                                    strategy=GRPORequestStrategy(cfg.group_size, cfg.seed),
-                                    sample_filter=None if cfg.kl_coef else drop_zero_weight,
-                                    metrics_fn=self._metrics)
-        tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or total_steps)
-        self.trainer = Trainer(model, algo, source, tcfg, publisher=publisher, logger=logger, tokenizer=tokenizer,
-                               pad_token_id=tokenizer.pad_token_id, checkpoint_dir=None)
-        # a batch whose games all ended alike (every group flat) is expected early on, not an error
-        self.trainer.cfg.max_empty_steps = 10**9
+        self.trainer = group_trainer(model, tokenizer, factory, cfg, run_dir, self._requests, self._metrics,
+                                     cfg.games_per_step * cfg.group_size, publisher=publisher, logger=logger,
+                                     total_steps=total_steps)
 
     @property
     def promotions(self) -> list[tuple[int, str]]:
@@ -171,26 +157,15 @@ class GameGRPO:
     async def run(self, steps: int, pool: Sequence[Any] = (), replay: Sequence[Any] = (),
                   focus: Sequence[Any] = (), on_step: Callable[[int, dict], Any] | None = None) -> dict[str, Any]:
         """``steps`` batches of games (optimizer steps when any group's games ended differently)."""
-        last: dict[str, Any] = {}
-        for _ in range(steps):
-            last = await self.trainer.train_step()
-            self.steps += 1
-            if on_step is not None:
-                on_step(self.steps, last)
-        return last
+        return await train_batches(self, steps, on_step)
 
 
 def game_metrics(rollouts: Sequence[Any]) -> dict[str, float]:
-    """Sampled games' results: win, draw, loss and forfeit (an illegal or unparsable move) rates."""
-    results = []
-    for r in rollouts:
-        last = r.steps[-1] if r.steps else None
-        result = None if last is None else last.info.get("result")
-        if last is not None and last.info.get("parse_error"):
-            result = "illegal"
-        results.append(result or "unfinished")
+    """Sampled games' results (``prompts.tictactoe_outcome``): win, draw and loss rates; a forfeit is any other end
+    (an illegal or unparsable move, a game cut short, a failed episode)."""
+    results = [tictactoe_outcome(r) for r in rollouts]
     n = max(len(results), 1)
-    rate = {k: sum(x == k for x in results) / n for k in ("win", "draw", "loss", "illegal", "unfinished")}
-    return {"win_rate": rate["win"], "draw_rate": rate["draw"], "loss_rate": rate["loss"],
-            "forfeit_rate": rate["illegal"] + rate["unfinished"],
-            "non_loss_rate": rate["win"] + rate["draw"]}
+    count = {k: results.count(k) for k in ("win", "draw", "loss")}
+    return {"win_rate": count["win"] / n, "draw_rate": count["draw"] / n, "loss_rate": count["loss"] / n,
+            "forfeit_rate": (len(results) - sum(count.values())) / n,
+            "non_loss_rate": (count["win"] + count["draw"]) / n}

@@ -132,11 +132,6 @@ class PositionGRPO:
 
     def __init__(self, model: Any, tokenizer: Any, client: ChatClient, view: View, cfg: PositionRLConfig,
                  run_dir: Path, *, publisher: Any = None, logger: Any = None, total_steps: int = 0) -> None:
-        from ludic.rollouts.batch import RolloutBatchSource, drop_zero_weight
-        from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
-        from ludic.training.algorithms import algorithm_for
-        from ludic.training.trainer import Trainer
-
         self.cfg, self.view = cfg, view
         self.focus: list[ttt.Board] = []
         self.pool: list[ttt.Board] = []
@@ -147,19 +142,9 @@ class PositionGRPO:
         def factory() -> SingleAgentProtocol:
             return SingleAgentProtocol(view.agent(client, cfg.temperature))
 
-        algo = algorithm_for(cfg)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        engine = RolloutEngine({"single_agent": factory}, concurrency=cfg.positions_per_step * cfg.group_size,
-                               jsonl_path=run_dir / "rollouts.jsonl")
-        source = RolloutBatchSource(engine, self._requests, algo.credit,
-                                    strategy=GRPORequestStrategy(cfg.group_size, cfg.seed),
-                                    sample_filter=None if cfg.kl_coef else drop_zero_weight,
-                                    metrics_fn=_position_metrics)
-        tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or total_steps)
-        self.trainer = Trainer(model, algo, source, tcfg, publisher=publisher, logger=logger, tokenizer=tokenizer,
-                               pad_token_id=tokenizer.pad_token_id, checkpoint_dir=None)
-        # a batch of solved groups only is expected here (the pool is a guess), not an error
-        self.trainer.cfg.max_empty_steps = 10**9
+        self.trainer = group_trainer(model, tokenizer, factory, cfg, run_dir, self._requests, _position_metrics,
+                                     cfg.positions_per_step * cfg.group_size, publisher=publisher, logger=logger,
+                                     total_steps=total_steps)
 
     def _requests(self) -> list[RolloutRequest]:
         boards = batch_boards(self.focus, self.pool, self.replay, self.cfg, self.rng)
@@ -175,15 +160,44 @@ class PositionGRPO:
         self.pool = [b for b in dict.fromkeys(pool) if b not in taken]
         taken |= set(self.pool)
         self.replay = [b for b in dict.fromkeys(replay) if b not in taken]
-        last: dict[str, Any] = {}
         if not self.focus and not self.pool:
-            return last
-        for _ in range(steps):
-            last = await self.trainer.train_step()
-            self.steps += 1
-            if on_step is not None:
-                on_step(self.steps, last)
-        return last
+            return {}
+        return await train_batches(self, steps, on_step)
+
+
+def group_trainer(model: Any, tokenizer: Any, protocol: Callable[[], SingleAgentProtocol], cfg: Any, run_dir: Path,
+                  requests: Callable[[], list[RolloutRequest]], metrics: Callable[[Sequence[Any]], dict[str, float]],
+                  concurrency: int, *, publisher: Any = None, logger: Any = None, total_steps: int = 0) -> Any:
+    """The trainer of a tic-tac-toe RL stage (``PositionGRPO``, ``game_rl.GameGRPO``): each batch plays
+    ``requests()`` with ``protocol()`` in GRPO groups of ``cfg.group_size`` (rollouts in ``run_dir/rollouts.jsonl``),
+    credits them with ``cfg.algorithm``, drops groups without signal (unless ``cfg.kl_coef``: their KL term still
+    anchors) and logs ``metrics`` of the rollouts. A batch with no signal at all is expected, not an error."""
+    from ludic.rollouts.batch import RolloutBatchSource, drop_zero_weight
+    from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
+    from ludic.training.algorithms import algorithm_for
+    from ludic.training.trainer import Trainer
+
+    algo = algorithm_for(cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    engine = RolloutEngine({"single_agent": protocol}, concurrency=concurrency, jsonl_path=run_dir / "rollouts.jsonl")
+    source = RolloutBatchSource(engine, requests, algo.credit, strategy=GRPORequestStrategy(cfg.group_size, cfg.seed),
+                                sample_filter=None if cfg.kl_coef else drop_zero_weight, metrics_fn=metrics)
+    tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or total_steps)
+    trainer = Trainer(model, algo, source, tcfg, publisher=publisher, logger=logger, tokenizer=tokenizer,
+                      pad_token_id=tokenizer.pad_token_id, checkpoint_dir=None)
+    trainer.cfg.max_empty_steps = 10**9
+    return trainer
+
+
+async def train_batches(rl: Any, steps: int, on_step: Callable[[int, dict], Any] | None = None) -> dict[str, Any]:
+    """``steps`` batches of ``rl.trainer``, counted in ``rl.steps``; ``on_step(steps, metrics)`` after each."""
+    last: dict[str, Any] = {}
+    for _ in range(steps):
+        last = await rl.trainer.train_step()
+        rl.steps += 1
+        if on_step is not None:
+            on_step(rl.steps, last)
+    return last
 
 
 def batch_boards(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: Sequence[ttt.Board],
