@@ -129,6 +129,7 @@ def test_the_outcome_reward_plays_whole_games_and_never_asks_the_solver(tiny_mod
     out = capsys.readouterr().out
     assert "outcome-s0 (reward outcome, teacher none)" in out and "| after the cold start |" in out
     assert "| kept (batch " in out and "Exact non-loss against minimax over time: " in out
+    assert "Where the time went: " in out and "RL training " in out
 
 
 def test_an_unknown_reward_is_refused_before_anything_runs(tmp_path):

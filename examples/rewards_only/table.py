@@ -50,6 +50,16 @@ def main(root: Path) -> None:
         pts = ", ".join(f"{c['t'] / 60:.1f} min: X {pct(c['minimax_x_non_loss_rate'])} O "
                         f"{pct(c['minimax_o_non_loss_rate'])}" for c in curve if "minimax_x_non_loss_rate" in c)
         print(f"\nExact non-loss against minimax over time: {pts}")
+        print(f"\nWhere the time went: {time_split(rep)}")
+
+
+def time_split(rep: dict) -> str:
+    """The recipe's wall clock by part (report.json's ``seconds``), evaluations summed apart from training."""
+    secs, total = rep.get("seconds", {}), rep["total_seconds"]
+    evals = sum(v for k, v in secs.items() if k.startswith("eval"))
+    parts = [f"{k} {v / 60:.1f} min" for k, v in secs.items()]
+    return (f"{'; '.join(parts)} (evaluations {evals / 60:.1f} min = {100 * evals / total:.0f}% of "
+            f"{total / 60:.1f}; RL training {secs.get('rl', 0) / 60:.1f} min = {100 * secs.get('rl', 0) / total:.0f}%)")
 
 
 if __name__ == "__main__":
