@@ -53,3 +53,30 @@ def test_fast_validations_keep_the_budgets_cadence(clock, tmp_path):
     assert not budget.eval_due()
     clock.now += 1
     assert budget.eval_due()
+
+
+def test_the_stop_leaves_room_for_the_end_the_policy_now_needs(clock, tmp_path):
+    """Found in the held-out study: the calculator run took 36.9 minutes of a 30-minute budget. The stop reserved
+    1.2x the opening test evaluation (the base model: one turn an episode, 0% success), but the trained policy's
+    episodes ran 3 turns, and keep-best validated the last step before the closing evaluation besides."""
+    budget = StepBudget(30, tmp_path / "budget.json", evals=8)
+    budget.plan_closing(opening_s=60.0, opening_evals=1, closing_evals=1, test_per_val=2.0)  # 64 test, 32 val
+    budget.start_training()
+    clock.now += 1050  # five steps, the last validation among them: 150 s for 32 episodes of the trained policy
+    budget.eval_done(150)  # (the opening test evaluation took 60 s for 64 episodes of the base)
+    clock.now += 150
+    budget.steps = 5  # the sixth ends now: 1200 s spent, 600 s left, 200 s a step
+    # the old reserve (1.2 x the opening, 72 s) let a seventh step start; the end the policy needs now is the
+    # closing test at the trained policy's pace (2 x 150 s, +20%) and keep-best's validation of the last step
+    assert budget.closing() == pytest.approx(1.2 * 300 + 150)
+    assert not budget.after_step()
+
+
+def test_the_closing_estimate_counts_every_closing_evaluation(clock, tmp_path):
+    """A two-player run closes with more evaluations than it opened with (the league snapshot's two)."""
+    budget = StepBudget(30, tmp_path / "budget.json", evals=8)
+    budget.plan_closing(opening_s=100.0, opening_evals=2, closing_evals=4, test_per_val=2.0)
+    budget.start_training()
+    assert budget.closing() == pytest.approx(1.2 * 50 * 4)  # no validation yet: the opening's 50 s an evaluation
+    budget.eval_done(10)  # a fast validation does not lower the estimate below the opening's pace
+    assert budget.closing() == pytest.approx(1.2 * 50 * 4 + 10)

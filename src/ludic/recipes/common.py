@@ -51,8 +51,9 @@ VAL_SHARE = 0.25
 
 class StepBudget:
     """A run fitted to a time budget (``ludic train env --budget-minutes``): training steps go on while the time
-    left holds one more step (its mean wall time so far, validation evaluations included) and the closing
-    evaluation (``closing_s``, measured on the opening one); validation evaluations come every ``1 / evals`` of
+    left holds one more step (its mean wall time so far, validation evaluations included) and the end of the run
+    (``closing``: the last validation and the closing evaluations, paced by the opening one and the latest
+    validation); validation evaluations come every ``1 / evals`` of
     the budget, so a run of any length is measured about ``evals`` times, counted from the end of the last one, and
     a slow one waits for ``(1 - VAL_SHARE) / VAL_SHARE`` times its own duration of training: validation takes at most
     about ``VAL_SHARE`` of the training time, however long an episode is. The clock's start is kept in
@@ -78,8 +79,12 @@ class StepBudget:
         """When the last validation ended (or training started)."""
         self.last_eval_s = 0.0
         """How long the last validation took."""
-        self.closing_s = 0.0
-        """Seconds the closing test evaluation is expected to take (the opening one's, measured)."""
+        self.per_eval_s = 0.0
+        """Seconds one opening test evaluation took (``plan_closing``)."""
+        self.closing_evals = 1
+        """Test evaluations at the end of the run (a two-player run adds its league snapshot's)."""
+        self.test_per_val = 0.0
+        """Test episodes per validation episode: the latest validation, scaled, paces a closing evaluation."""
 
     def spent(self) -> float:
         return time.monotonic() - self.t0
@@ -106,7 +111,21 @@ class StepBudget:
         self.steps += 1
         self.path.write_text(json.dumps({"spent_s": self.spent(), "budget_s": self.budget_s}))
         per_step = (time.monotonic() - self.train_t0) / self.steps
-        return self.left() > per_step + self.closing_s
+        return self.left() > per_step + self.closing()
+
+    def plan_closing(self, opening_s: float, opening_evals: int, closing_evals: int, test_per_val: float) -> None:
+        """What the end of the run will cost, from what its start measured: ``opening_evals`` test evaluations took
+        ``opening_s``; the run ends with ``closing_evals`` of them, of ``test_per_val`` times a validation's episodes."""
+        self.per_eval_s = opening_s / max(1, opening_evals)
+        self.closing_evals, self.test_per_val = closing_evals, test_per_val
+
+    def closing(self) -> float:
+        """Seconds the end of the run is expected to take: keep-best's validation of the last step (the latest
+        validation's duration) and the closing test evaluations, each at the pace of the opening one or of the
+        latest validation scaled to the test episodes, whichever is slower (a trained policy's episodes can run
+        longer than the base's), with a 20% margin."""
+        per_eval = max(self.per_eval_s, self.test_per_val * self.last_eval_s)
+        return 1.2 * per_eval * self.closing_evals + self.last_eval_s
 
     def start_training(self) -> None:
         """Training begins now: step times count from here."""

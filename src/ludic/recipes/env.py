@@ -227,6 +227,8 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     print(f"[env] {run_length(cfg)}", flush=True)
     curve: list[dict[str, Any]] = []
     """Validation success against minutes (and steps): the report's learning curve."""
+    test_evals = [0]
+    """Test evaluations run so far (each of the held-out episodes, one opponent): the budget paces the closing ones."""
 
     async def evaluate(stage: str = "val") -> dict[str, Any]:
         """A test stage on the held-out episodes, or ``val``: the validation ones (``eval_val.jsonl`` holds the
@@ -241,6 +243,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
             curve.append({"step": trainer.step, "minutes": m["minutes"], "success_rate": m["success_rate"]})
         else:
             results[stage] = m
+            test_evals[0] += 1
             print(format_summary(f"[env] {stage}" + (" vs frozen start" if frozen else ""), m), flush=True)
             (run_dir / PARTIAL_FILE).write_text(json.dumps(results))  # a resumed run keeps its earlier stages
         return m
@@ -261,6 +264,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
                 m = await evaluate_episodes(protos, reqs, run_dir / f"eval_{stage}_vs_{name}.jsonl",
                                             desc=f"eval {stage} vs {name}")
             results.setdefault("opponents", {}).setdefault(name, {})[stage] = m
+            test_evals[0] += 1
             print(format_summary(f"[env] {stage} vs {name}", m), flush=True)
 
     async def on_step(step: int, metrics: dict[str, Any]) -> None:
@@ -311,7 +315,10 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
                 if held_out:
                     await evaluate("format_demos")
         if budget is not None:
-            budget.closing_s = 1.2 * wall.get("eval", 0.0)  # the opening evaluations, measured
+            # the end: the trained policy against what the base met (and the league snapshot, in both seats' runs)
+            opening = max(1, test_evals[0] - ("format_demos" in results))
+            budget.plan_closing(wall.get("eval", 0.0), test_evals[0], opening + (2 if frozen is not None else 0),
+                                len(held_out) / max(1, len(validation)))
             budget.start_training()
         with _timed(wall, "train"):  # the validation evaluations in it are counted apart (wall["validation"])
             _, failure = await train_until_stop(trainer, cfg.train_steps or 10**9, on_step)
