@@ -139,3 +139,19 @@ def test_an_unknown_reward_is_refused_before_anything_runs(tmp_path):
 
     with pytest.raises(ValueError, match="--reward must be move or outcome"):
         recipe(RecipeConfig(model="unused", run_dir=str(tmp_path / "r"), reward="win"))
+
+
+def test_rl_that_collapsed_stops_instead_of_sampling_out_the_budget(tiny_model_dir, tmp_path):
+    """Found measuring rewards-only defaults: full-layer RL at 2e-4 collapsed the sampling policy in 10 batches
+    (every group's 8 samples the same move), after which the recipe sampled on for the rest of its budget without
+    an optimizer step. Greedy sampling (temperature 0) is that collapse from the first batch."""
+    from ludic.tictactoe.recipe import RecipeConfig, recipe
+
+    run = tmp_path / "run"
+    report = recipe(RecipeConfig(model=str(tiny_model_dir), run_dir=str(run), teacher="none", budget_minutes=0,
+                                 sft_steps=1, sft_batch_size=8, curve_points=0, rl_rounds=4, rl_steps_per_round=4,
+                                 positions_per_step=2, group_size=2, rl_temperature=0.0, eval_base=False,
+                                 logger="none"))
+    assert report["rl_stopped"] == "no_signal"
+    assert report["rl_steps"] == 10  # TrainerConfig.max_no_signal_steps batches, not all 16
+    assert "no signal" in (run / "report.md").read_text()

@@ -171,7 +171,8 @@ def group_trainer(model: Any, tokenizer: Any, protocol: Callable[[], SingleAgent
     """The trainer of a tic-tac-toe RL stage (``PositionGRPO``, ``game_rl.GameGRPO``): each batch plays
     ``requests()`` with ``protocol()`` in GRPO groups of ``cfg.group_size`` (rollouts in ``run_dir/rollouts.jsonl``),
     credits them with ``cfg.algorithm``, drops groups without signal (unless ``cfg.kl_coef``: their KL term still
-    anchors) and logs ``metrics`` of the rollouts. A batch with no signal at all is expected, not an error."""
+    anchors) and logs ``metrics`` of the rollouts. A batch with no signal at all is expected, not an error;
+    ``trainer.max_no_signal_steps`` of them in a row stop it (``TrainingStopped``): the sampling policy collapsed."""
     from ludic.rollouts.batch import RolloutBatchSource, drop_zero_weight
     from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
     from ludic.training.algorithms import algorithm_for
@@ -185,7 +186,9 @@ def group_trainer(model: Any, tokenizer: Any, protocol: Callable[[], SingleAgent
     tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or total_steps)
     trainer = Trainer(model, algo, source, tcfg, publisher=publisher, logger=logger, tokenizer=tokenizer,
                       pad_token_id=tokenizer.pad_token_id, checkpoint_dir=None)
-    trainer.cfg.max_empty_steps = 10**9
+    # a batch whose groups all lack signal is empty after the filter: expected now and then, but
+    # max_no_signal_steps of them in a row mean the sampling policy collapsed (the trainer stops)
+    trainer.cfg.max_empty_steps = trainer.cfg.max_no_signal_steps or 10**9
     return trainer
 
 
@@ -193,8 +196,10 @@ async def train_batches(rl: Any, steps: int, on_step: Callable[[int, dict], Any]
     """``steps`` batches of ``rl.trainer``, counted in ``rl.steps``; ``on_step(steps, metrics)`` after each."""
     last: dict[str, Any] = {}
     for _ in range(steps):
-        last = await rl.trainer.train_step()
-        rl.steps += 1
+        try:
+            last = await rl.trainer.train_step()
+        finally:  # a batch that stops the run (no signal) was sampled too
+            rl.steps += 1
         if on_step is not None:
             on_step(rl.steps, last)
     return last

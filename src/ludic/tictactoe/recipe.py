@@ -36,6 +36,7 @@ from ludic.tictactoe.prompts import ColdStartBlock
 from ludic.recipes.common import Clock, machine
 from ludic.tictactoe.recipe_eval import Evaluator, load_trainable_state, trainable_state
 from ludic.tictactoe.showcase import games_markdown, write_games
+from ludic.training.signal import TrainingStopped
 
 CALIBRATION_STEPS = 6
 """SFT steps timed before the step count is fitted to the budget (their median, the first left out)."""
@@ -293,7 +294,16 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         if cfg.budget_minutes and not cfg.rl_rounds and r and clock.left() < round_s + final_eval_s:
             break  # one more round and the closing evaluation would not fit
         t0 = time.perf_counter()
-        await rl.run(cfg.rl_steps_per_round, pool, replay=teacher, focus=focus)
+        try:
+            await rl.run(cfg.rl_steps_per_round, pool, replay=teacher, focus=focus)
+        except TrainingStopped as e:
+            if e.reason not in ("empty_batches", "no_signal", "saturated"):
+                raise
+            stopped = "no_signal"
+            print(f"[recipe] RL round {r + 1}: {rl.trainer.cfg.max_no_signal_steps} batches in a row carried no "
+                  "signal (every group's samples scored alike: the sampling policy has collapsed onto one move "
+                  "per position), so RL stops here; the best round is kept", flush=True)
+            break
         t_eval = time.perf_counter()
         # between rounds: the teacher positions and minimax only (the failures that lose games)
         round_eval = await ev.evaluate("rl", rl.steps, opponents=("minimax",))
@@ -421,7 +431,10 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
         + {"goal": "RL stopped early because the goal was met: no losing decision against minimax and every "
                    "teacher position value-preserving.",
            "budget": "RL ran until the budget had no room for another round and the closing evaluation.",
-           "rounds": "RL ran the rounds it was given."}.get(report.get("rl_stopped", ""), "")
+           "rounds": "RL ran the rounds it was given.",
+           "no_signal": "RL stopped because its batches carried no signal: in every group all samples scored "
+                        "alike (the sampling policy collapsed onto one move per position), so no step was left "
+                        "to take."}.get(report.get("rl_stopped", ""), "")
         + "\n\n"
         f"Evaluate the result again (or against random) with:\n\n```\n{eval_command(run_dir, report['config'])}\n```\n\n"
         f"Machine: {m['cpus']} CPUs ({', '.join(m['isa']) or 'no AVX2'}), {m['torch_threads']} torch threads, "
