@@ -188,3 +188,15 @@ def test_the_run_length_is_said_before_the_run_starts():
     assert "at most 5 steps" in run_length(SimpleNamespace(train_steps=5, budget_minutes=30.0))
     said = run_length(SimpleNamespace(train_steps=5, budget_minutes=0))
     assert "no time budget" in said and "ETA" in said
+
+
+def test_the_format_cold_start_can_pass_over_its_demos_more_than_once():
+    """``--format-demo-epochs``: the calculator's cold start needed 64 steps of one demo each (64 demos, one pass at
+    5e-4) because a step always took demos // steps of them; passes are their own setting now."""
+    from ludic.recipes.env import TrainEnvConfig
+    from ludic.recipes.sft import demo_batch
+
+    assert demo_batch(64, 10) == 6  # the default: one pass (as before)
+    assert demo_batch(64, 16, epochs=3) == 12  # three passes in 16 steps
+    assert demo_batch(5, 10) == 1  # never an empty step
+    assert TrainEnvConfig().format_demo_epochs == 1.0

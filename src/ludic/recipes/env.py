@@ -87,6 +87,8 @@ class TrainEnvConfig(ModelBlock, LoraBlock, GRPOBlock, TrainRunBlock):
     format_demos: str = ""
     """Example replies (.jsonl / .txt) or module:function (observation -> reply) for a format cold start."""
     format_demo_steps: int = 10
+    format_demo_epochs: float = 1.0
+    """Passes over the format demos in ``format_demo_steps`` steps (each step takes ``demos x epochs / steps``)."""
     format_demo_lr: float = 2e-4
     budget_minutes: float = 30.0
     """The run's time budget, evaluations included (``recipes.common.StepBudget``): steps go on while one more and
@@ -303,13 +305,15 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
                 if frozen is not None:
                     await versus("base", engine)
             if teacher:
-                from ludic.recipes.sft import demo_sft
+                from ludic.recipes.sft import demo_batch, demo_sft
 
                 with _timed(wall, "format_demos"):
                     items = await format_demo_items(cfg, env, tok, teacher, held, run_dir / "format_demos.jsonl")
                     steps = max(1, cfg.format_demo_steps)
-                    print(f"[env] format demos: {len(items)} teacher turns, {steps} SFT steps", flush=True)
-                    await demo_sft(model, tok, items, steps=steps, batch=max(1, len(items) // steps),
+                    batch = demo_batch(len(items), steps, cfg.format_demo_epochs)
+                    print(f"[env] format demos: {len(items)} teacher turns, {steps} SFT steps of {batch} "
+                          f"({steps * batch / len(items):.1f} passes)", flush=True)
+                    await demo_sft(model, tok, items, steps=steps, batch=batch,
                                    lr=cfg.format_demo_lr, trainer=cfg.trainer, logger=cfg.logger, desc="format demos",
                                    seed=cfg.seed, publisher=InProcessPublisher(engine))
                 if held_out:

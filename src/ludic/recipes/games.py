@@ -270,11 +270,11 @@ async def run_format_demos(cfg: Any, model: Any, tok: Any, run_dir: Path) -> Pat
     each), then the merged weights saved to ``<run_dir>/format_sft`` (returned)."""
     import shutil
 
-    from ludic.recipes.sft import demo_sft
+    from ludic.recipes.sft import demo_batch, demo_sft
     from ludic.training.lora import save_merged_base
 
     items = await format_demo_items(cfg, tok, cfg.format_demos * FORMAT_DEMO_EPISODES, cfg.seed + 7)
-    batch = max(1, len(items) // cfg.format_demos)
+    batch = demo_batch(len(items), cfg.format_demos)
     print(f"[games] format demos: {len(items)} teacher turns, {cfg.format_demos} SFT steps of {batch}", flush=True)
     await demo_sft(model, tok, items, steps=cfg.format_demos, batch=batch, lr=cfg.format_demo_lr, trainer=cfg.trainer,
                    logger=cfg.logger, desc="format demos", seed=cfg.seed)

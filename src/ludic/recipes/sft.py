@@ -95,6 +95,12 @@ async def sft_stage(
     return last
 
 
+def demo_batch(items: int, steps: int, epochs: float = 1.0) -> int:
+    """Demos per step of a cold start, so that ``steps`` steps make ``epochs`` passes over ``items`` demos (at
+    least one demo a step)."""
+    return max(1, int(items * epochs) // max(1, steps))
+
+
 async def demo_sft(model: Any, tok: Any, items: list, *, steps: int, batch: int, lr: float, trainer: TrainerConfig,
                    logger: str, desc: str, seed: int, publisher: Any = None) -> None:
     """A short SFT cold start on teacher demonstrations (``--tool-demos``, ``--format-demos``):
