@@ -319,7 +319,8 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
                 if held_out:
                     await evaluate("format_demos")
         if budget is not None:
-            # the end: the trained policy against what the base met (and the league snapshot, in both seats' runs)
+            # the end repeats the base's test evaluations for the trained policy (not the cold start's), and a
+            # two-player run adds two against the league snapshot (trained and base)
             opening = max(1, test_evals[0] - ("format_demos" in results))
             budget.plan_closing(wall.get("eval", 0.0), test_evals[0], opening + (2 if frozen is not None else 0),
                                 len(held_out) / max(1, len(validation)))

@@ -299,10 +299,11 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         except TrainingStopped as e:
             if e.reason not in ("empty_batches", "no_signal", "saturated"):
                 raise
-            stopped = "no_signal"
+            stopped = "saturated" if e.reason == "saturated" else "no_signal"
+            why = ("every sample succeeded" if stopped == "saturated" else "every group's samples scored alike: "
+                   "the sampling policy has collapsed onto one move per position")
             print(f"[recipe] RL round {r + 1}: {rl.trainer.cfg.max_no_signal_steps} batches in a row carried no "
-                  "signal (every group's samples scored alike: the sampling policy has collapsed onto one move "
-                  "per position), so RL stops here; the best round is kept", flush=True)
+                  f"signal ({why}), so RL stops here; the best round is kept", flush=True)
             break
         t_eval = time.perf_counter()
         # between rounds: the teacher positions and minimax only (the failures that lose games)
@@ -434,7 +435,8 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
            "rounds": "RL ran the rounds it was given.",
            "no_signal": "RL stopped because its batches carried no signal: in every group all samples scored "
                         "alike (the sampling policy collapsed onto one move per position), so no step was left "
-                        "to take."}.get(report.get("rl_stopped", ""), "")
+                        "to take.",
+           "saturated": "RL stopped because its batches carried no signal: every sample succeeded."}.get(report.get("rl_stopped", ""), "")
         + "\n\n"
         f"Evaluate the result again (or against random) with:\n\n```\n{eval_command(run_dir, report['config'])}\n```\n\n"
         f"Machine: {m['cpus']} CPUs ({', '.join(m['isa']) or 'no AVX2'}), {m['torch_threads']} torch threads, "
