@@ -155,3 +155,30 @@ def test_rl_that_collapsed_stops_instead_of_sampling_out_the_budget(tiny_model_d
     assert report["rl_stopped"] == "no_signal"
     assert report["rl_steps"] == 10  # TrainerConfig.max_no_signal_steps batches, not all 16
     assert "no signal" in (run / "report.md").read_text()
+    assert report["rl_stopped_why"] and report["rl_stopped_why"] in (run / "report.md").read_text()
+
+
+def test_a_stop_without_signal_says_whether_the_samples_were_alike_or_all_illegal():
+    """The stop's message said "collapsed onto one move per position" also when every sample was illegal (a policy
+    that never found the format: no move at all). The trainer's stop now carries the last batch's metrics."""
+    from ludic.errors import TrainingStopped
+    from ludic.tictactoe.recipe import no_signal_why
+    from ludic.training.signal import no_signal_stop
+
+    assert "illegal" in no_signal_why("no_signal", {"sampled_illegal_rate": 1.0, "sampled_best_rate": 0.0})
+    assert "illegal" in no_signal_why("no_signal", {"forfeit_rate": 1.0})  # --reward outcome: games
+    assert "collapsed" in no_signal_why("no_signal", {"sampled_illegal_rate": 0.25})
+    assert "succeeded" in no_signal_why("saturated", {})
+    stop = no_signal_stop(10, {"sampled_illegal_rate": 1.0, "reward_mean": -1.0})
+    assert isinstance(stop, TrainingStopped) and stop.metrics["sampled_illegal_rate"] == 1.0
+
+
+def test_a_cold_start_of_one_pass_or_less_does_not_fill_the_frozen_bottom_cache():
+    """Measured: the half-pass cold start (--cold-start-epochs 0.5) spent 135-160 s computing the frozen bottom for
+    all 1,340 records up front, though no record is drawn twice in one pass (and half are never drawn)."""
+    from ludic.tictactoe.recipe import bottom_cache_pays
+
+    assert not bottom_cache_pays(15, samples=670, items=1340)  # half a pass
+    assert not bottom_cache_pays(15, samples=1340, items=1340)  # one pass: each item once, no reuse
+    assert bottom_cache_pays(15, samples=15 * 335, items=335)  # the solver's 15 epochs
+    assert not bottom_cache_pays(0, samples=15 * 335, items=335)  # nothing frozen, nothing to cache

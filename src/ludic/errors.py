@@ -40,11 +40,12 @@ class UsageError(ValueError):
 class TrainingStopped(RuntimeError):
     """The trainer stopped before its last step (``ludic.training.signal``). ``reason``: ``no_signal``,
     ``saturated`` (every sample right: too easy, not a failure), ``nonfinite`` or ``empty_batches``; ``failed``:
-    whether the run failed (the command line then exits with status 3, its results saved)."""
+    whether the run failed (the command line then exits with status 3, its results saved); ``metrics``: the last
+    batch's metrics (what a caller needs to say why, e.g. every sample illegal rather than all alike)."""
 
-    def __init__(self, reason: str, message: str, failed: bool = True) -> None:
+    def __init__(self, reason: str, message: str, failed: bool = True, metrics: dict | None = None) -> None:
         super().__init__(message)
-        self.reason, self.failed = reason, failed
+        self.reason, self.failed, self.metrics = reason, failed, dict(metrics or {})
 
 
 class EpisodeError(Exception):

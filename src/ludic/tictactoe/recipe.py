@@ -129,6 +129,25 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     """Ludic's hand-written CPU fast path (``ludic.fastpath``); --no-fast-path: stock transformers, peft, SDPA."""
 
 
+def bottom_cache_pays(frozen_layers: int, samples: int, items: int) -> bool:
+    """Whether SFT should cache the frozen bottom's output (``FrozenBottomCache``): only when some item is drawn
+    twice (``samples`` drawn from ``items`` is more than one pass). The cache computes every item up front, so at
+    one pass or less it only adds work: the rewards-only cold start's half pass over 1,340 records spent 135-160 s
+    filling it, for items half of which no step ever drew."""
+    return frozen_layers > 0 and samples > items
+
+
+def no_signal_why(stopped: str, metrics: dict[str, Any]) -> str:
+    """Why an RL stage's batches carried no signal, from the last batch's ``metrics``: every sample succeeded
+    (``saturated``), every sampled move was illegal or unparsable (the policy never found the format or the free
+    cells), or the sampling policy collapsed onto one move per position (all samples alike)."""
+    if stopped == "saturated":
+        return "every sample succeeded"
+    if metrics.get("sampled_illegal_rate") == 1.0 or metrics.get("forfeit_rate") == 1.0:  # positions; games
+        return "every sample was an illegal or unparsable move: the policy never found a free cell in the format"
+    return "every group's samples scored alike: the sampling policy has collapsed onto one move per position"
+
+
 def recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic import fastpath
 
@@ -209,7 +228,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     epochs = cfg.sft_epochs if cfg.teacher == "solver" else cfg.cold_start_epochs
     fixed = cfg.sft_steps or math.ceil(epochs * len(items) / cfg.sft_batch_size)
     tcfg = TrainerConfig(lr=cfg.sft_lr, lr_schedule="cosine", micro_token_budget=cfg.micro_token_budget,
-                         total_steps=fixed, warmup_steps=3, cache_frozen_bottom=frozen > 0)
+                         total_steps=fixed, warmup_steps=3,
+                         cache_frozen_bottom=bottom_cache_pays(frozen, fixed * cfg.sft_batch_size, len(items)))
     trainer = Trainer(model, make_sft(), source, tcfg, checkpoint_dir=None, tokenizer=tok,
                       pad_token_id=tok.pad_token_id)
     if trainer.bottom_cache is not None:  # every step then runs the trainable top only, from the first
@@ -285,6 +305,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     best = (sft_eval.score(), 0, trainable_state(model))  # (score, RL batches, adapter) of the best round
     last_round: dict[str, Any] = {}  # the last round's evaluation (minimax and teacher positions)
     stopped = "rounds" if cfg.rl_rounds or cfg.max_rl_rounds or not cfg.budget_minutes else "budget"
+    stopped_why = ""  # a stop without signal: what the last batch's samples were (no_signal_why)
     for r in range(rounds):
         if not focus and not pool:
             stopped = "goal"
@@ -300,8 +321,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
             if e.reason not in ("empty_batches", "no_signal", "saturated"):
                 raise
             stopped = "saturated" if e.reason == "saturated" else "no_signal"
-            why = ("every sample succeeded" if stopped == "saturated" else "every group's samples scored alike: "
-                   "the sampling policy has collapsed onto one move per position")
+            stopped_why = no_signal_why(stopped, e.metrics)
+            why = stopped_why
             print(f"[recipe] RL round {r + 1}: {rl.trainer.cfg.max_no_signal_steps} batches in a row carried no "
                   f"signal ({why}), so RL stops here; the best round is kept", flush=True)
             break
@@ -337,6 +358,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
               "promotions": getattr(rl, "promotions", None), "results": ev.stage_results, "seconds": clock.seconds, "total_seconds": clock.elapsed(),
               "budget_seconds": clock.budget_s, "sft_steps": step, "sft_epochs": step * cfg.sft_batch_size / len(items),
               "rl_steps": rl.steps, "rl_kept_step": kept, "rl_last_round": last_round, "rl_stopped": stopped,
+              "rl_stopped_why": stopped_why,
               "precision": precision(model, cfg), "sft_records": len(items), "prompt_tokens": prompt_tokens,
               "answer_tokens": answer_tokens, "curve": ev.curve, "machine": machine(), "config": asdict(cfg)}
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
@@ -434,8 +456,8 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
            "budget": "RL ran until the budget had no room for another round and the closing evaluation.",
            "rounds": "RL ran the rounds it was given.",
            "no_signal": "RL stopped because its batches carried no signal: in every group all samples scored "
-                        "alike (the sampling policy collapsed onto one move per position), so no step was left "
-                        "to take.",
+                        f"alike ({report.get('rl_stopped_why') or 'the sampling policy collapsed'}), so no step "
+                        "was left to take.",
            "saturated": "RL stopped because its batches carried no signal: every sample succeeded."}.get(report.get("rl_stopped", ""), "")
         + "\n\n"
         f"Evaluate the result again (or against random) with:\n\n```\n{eval_command(run_dir, report['config'])}\n```\n\n"

@@ -80,8 +80,9 @@ def no_signal_stop(streak: int, metrics: dict[str, Any]) -> TrainingStopped:
         return TrainingStopped(
             "saturated", f"{streak} steps in a row had no learning signal because every sampled episode succeeded "
             "(success_rate 1.0): the task is solved at this sampling temperature, so the run ends here, on its "
-            "best weights. A harder task or curriculum gives RL something left to learn.", failed=False)
-    return TrainingStopped("no_signal", no_signal_message(streak, metrics))
+            "best weights. A harder task or curriculum gives RL something left to learn.", failed=False,
+            metrics=metrics)
+    return TrainingStopped("no_signal", no_signal_message(streak, metrics), metrics=metrics)
 
 
 def nonfinite_stop(streak: int, loss: float, grad_norm: float, scaler: Any = None) -> TrainingStopped:

@@ -226,8 +226,8 @@ class Trainer:
             raise TrainingStopped(
                 "empty_batches", f"{self.empty_streak} empty batches in a row (no trainable item on any rank; last batch: "
                 f"{ {k: metrics[k] for k in ('num_rollouts', 'failed_rate', 'stale_dropped', 'seq_dropped') if k in metrics} }). "
-                "Check rollouts.jsonl for failed episodes, max_lag, max_seq_len; max_empty_steps sets the limit."
-            )
+                "Check rollouts.jsonl for failed episodes, max_lag, max_seq_len; max_empty_steps sets the limit.",
+                metrics=metrics)
         return metrics
 
     def optimize_batch(self, items: list[SAWItem], kept_token_share: float = 1.0) -> dict[str, Any]:
