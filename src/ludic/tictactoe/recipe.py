@@ -322,9 +322,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
                 raise
             stopped = "saturated" if e.reason == "saturated" else "no_signal"
             stopped_why = no_signal_why(stopped, e.metrics)
-            why = stopped_why
             print(f"[recipe] RL round {r + 1}: {rl.trainer.cfg.max_no_signal_steps} batches in a row carried no "
-                  f"signal ({why}), so RL stops here; the best round is kept", flush=True)
+                  f"signal ({stopped_why}), so RL stops here; the best round is kept", flush=True)
             break
         t_eval = time.perf_counter()
         # between rounds: the teacher positions and minimax only (the failures that lose games)
@@ -455,8 +454,8 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
                    "teacher position value-preserving.",
            "budget": "RL ran until the budget had no room for another round and the closing evaluation.",
            "rounds": "RL ran the rounds it was given.",
-           "no_signal": "RL stopped because its batches carried no signal: in every group all samples scored "
-                        f"alike ({report.get('rl_stopped_why') or 'the sampling policy collapsed'}), so no step "
+           "no_signal": "RL stopped because its batches carried no signal ("
+                        f"{report.get('rl_stopped_why') or 'in every group all samples scored alike'}), so no step "
                         "was left to take.",
            "saturated": "RL stopped because its batches carried no signal: every sample succeeded."}.get(report.get("rl_stopped", ""), "")
         + "\n\n"
