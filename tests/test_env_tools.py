@@ -69,6 +69,41 @@ def test_the_tool_agent_plays_the_env_with_tool_messages_and_errors_as_data(toke
         assert not r.meta.get("failed") and "KeyError" in r.steps[0].next_obs and r.steps[-1].reward == 0.0
 
 
+def test_a_tool_agent_that_repeats_a_failing_call_ends_its_episode(tokenizer):
+    """The calculator run of docs/study.md: a policy that repeats one failing tool call looped 18 turns (every
+    call an error) and made steps take 190-435 s. Three tool turns in a row that all fail end the episode,
+    truncated with the reason ``tool_errors``; a failed call followed by a good one does not."""
+    from ludic.envs.registry import register_env
+    from ludic.inference.client import FunctionClient, SamplingParams
+    from ludic.rollouts.engine import RolloutEngine
+    from ludic.types import EnvSpec, RolloutRequest
+
+    register_env("test_keys", tool_envs.KeyEnv)
+    opts = EnvConfig(env="test_keys", tools="tool_envs:lookup")
+
+    def rollout(reply):
+        protos = protocols(FunctionClient(tokenizer, reply), opts, tool_envs.KeyEnv(), SamplingParams(max_tokens=48))
+        req = RolloutRequest(EnvSpec("test_keys", {}), protocol="single_agent", env_seed=0)
+        return asyncio.run(RolloutEngine(protos).generate_rollouts([req]))[0]
+
+    r = rollout(lambda messages: '<tool_call>{"name": "lookup", "arguments": {"key": "nope"}}</tool_call>')
+    assert len(r.steps) == 3 and all(s.info["tool_errors"] for s in r.steps)
+    assert r.steps[-1].truncated and r.meta["truncation_reason"] == "tool_errors"
+
+    def recovers(messages):  # two failing calls, then the right one, then the answer
+        tools = [m for m in messages if m["role"] == "tool"]
+        if len(tools) < 2:
+            return '<tool_call>{"name": "lookup", "arguments": {"key": "nope"}}</tool_call>'
+        if len(tools) == 2:
+            question = next(m["content"] for m in messages if m["role"] == "user")
+            return tool_envs.demo(question)
+        return tools[-1]["content"]
+
+    r = rollout(recovers)
+    assert [bool(s.info.get("tool_errors")) for s in r.steps[:2]] == [True, True]
+    assert r.meta["truncation_reason"] != "tool_errors" and len(r.steps) == 4
+
+
 def ludic_cli(*args):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-m", "ludic", *args], capture_output=True, text=True, timeout=1200, env=env)

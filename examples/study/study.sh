@@ -6,9 +6,15 @@
 # survive the machine), with its test episodes before and after (eval_base*.jsonl.gz, eval_trained*.jsonl.gz: every reply,
 # for reading and for `ludic eval rescore`), and a task's seed is skipped when its results are there already, so the script resumes.
 #
-#   bash examples/study/study.sh [seeds...]           (default: 0 1 2; SEEDS_FIRST=1 runs seed 0 of every task first)
+#   bash examples/study/study.sh [seeds...]           (default: 0 1 2; each task runs all its seeds before the next task)
+#   TASKS="chain_sum products12" bash examples/study/study.sh 1     (only these tasks; unknown names are an error)
 set -u
 SEEDS=${*:-0 1 2}
+ALL_TASKS="chain_sum gcd99 gem_guess_random indian_poker1 calculator basic_arith2 products12"
+TASKS=${TASKS:-$ALL_TASKS}
+for t in $TASKS; do
+  case " $ALL_TASKS " in *" $t "*) ;; *) echo "unknown task '$t' in TASKS; the tasks are: $ALL_TASKS" >&2; exit 2;; esac
+done
 OUT=${OUT:-runs/study}
 KEEP=examples/study/results
 mkdir -p "$OUT" "$KEEP"
@@ -26,8 +32,9 @@ train() {  # task, seed, then ludic train env flags
     done
   fi
 }
-task() {  # task name, then flags: every seed of it
+task() {  # task name, then flags: every seed of it (when TASKS names it)
   name=$1; shift
+  case " $TASKS " in *" $name "*) ;; *) return;; esac
   for s in $SEEDS; do train "$name" "$s" "$@"; done
 }
 # reasoning-gym, instance-rich configs where the base model scores 5-70% and no constant answer scores much

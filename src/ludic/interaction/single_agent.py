@@ -21,12 +21,19 @@ class SingleAgentProtocol(InteractionProtocol):
             agent sees the parser's feedback and tries again.
         extra_steps: model calls allowed beyond ``max_steps`` (a tool agent's
             tool calls, on top of the env's own turn limit).
+        max_tool_errors: this many tool turns in a row whose calls all fail end the episode, truncated
+            (reason ``tool_errors``); a policy that repeats a failing call would otherwise loop to the
+            step limit (greedy evaluation repeats it every time). None: no limit.
     """
 
-    def __init__(self, agent: Agent, *, stop_on_parse_error: bool = False, extra_steps: int = 0) -> None:
+    def __init__(self, agent: Agent, *, stop_on_parse_error: bool = False, extra_steps: int = 0,
+                 max_tool_errors: int | None = 3) -> None:
+        if max_tool_errors is not None and max_tool_errors < 1:
+            raise ValueError(f"SingleAgentProtocol: max_tool_errors must be >= 1 or None, got {max_tool_errors}")
         self.agent = agent
         self.stop_on_parse_error = stop_on_parse_error
         self.extra_steps = extra_steps
+        self.max_tool_errors = max_tool_errors
 
     async def run(self, env: LudicEnv, *, max_steps: int, env_seed: int | None = None,
                   sampling_seed: int | None = None) -> list[Rollout]:
@@ -39,6 +46,8 @@ class SingleAgentProtocol(InteractionProtocol):
         meta: JSON = {"agent_id": aid, "reset_info": {}, "failed": False}
         obs = ""
         acting: AgentTurn | None = None  # the turn whose action the env is applying
+        failing_tool_turns = 0  # tool turns in a row whose calls all failed
+        reason = None
         try:
             with stage("env.reset"):
                 obs, meta["reset_info"] = env.reset(seed=env_seed)[aid]
@@ -58,6 +67,11 @@ class SingleAgentProtocol(InteractionProtocol):
                 if turn.tool_messages:  # the agent already holds the tool results in its context
                     steps.append(tool_step(i, obs, turn))
                     obs = steps[-1].next_obs or ""
+                    errors = turn.info.get("tool_errors") or []
+                    failing_tool_turns = failing_tool_turns + 1 if len(errors) == len(turn.tool_messages) else 0
+                    if self.max_tool_errors is not None and failing_tool_turns >= self.max_tool_errors:
+                        reason = mark_truncated(steps, "tool_errors")
+                        break
                     continue
                 if turn.parse.action is None:
                     step = parse_error_step(i, obs, turn, self.stop_on_parse_error)
@@ -77,7 +91,8 @@ class SingleAgentProtocol(InteractionProtocol):
                     break
                 obs = out.obs
                 self.agent.observe(obs)
-            reason = "inference_error" if meta["failed"] else mark_truncated(steps, "max_steps")
+            if reason is None:
+                reason = "inference_error" if meta["failed"] else mark_truncated(steps, "max_steps")
         except Exception as e:
             meta.update(episode_failure(e, "protocol"))
             if acting is not None:
