@@ -87,6 +87,20 @@ def test_grpo_strategy_shares_env_seed_and_varies_sampling_seed():
     assert [r.env_seed for r in GRPORequestStrategy(4, seed=0).expand([req])] == [r.env_seed for r in g1]
 
 
+def test_grpo_strategy_sends_the_last_copies_of_a_group_to_the_exploring_protocol():
+    """``explore=k``: the last k copies of every group run the ``explore_protocol`` (a hotter sampler, say), so a
+    group whose policy samples all agree still holds alternatives to compare; the rest run the request's own."""
+    req = RolloutRequest(EnvSpec("tictactoe"), max_steps=3, meta={"stage": 1})
+    out = GRPORequestStrategy(4, seed=0, explore=1).expand([req, req])
+    assert [r.protocol for r in out] == ["single_agent"] * 3 + ["explore"] + ["single_agent"] * 3 + ["explore"]
+    assert [r.meta for r in out[:4]] == [{"stage": 1}] * 3 + [{"stage": 1, "explore": True}]
+    # the same seeds as without exploration: turning it on changes only which sampler the last copies use
+    plain = GRPORequestStrategy(4, seed=0).expand([req, req])
+    assert [(r.env_seed, r.sampling_seed) for r in out] == [(r.env_seed, r.sampling_seed) for r in plain]
+    with pytest.raises(ValueError, match="explore"):
+        GRPORequestStrategy(4, explore=4)
+
+
 def test_make_credit_rejects_unknown():
     with pytest.raises(ValueError, match="unknown credit assigner 'x'"):
         make_credit("x")

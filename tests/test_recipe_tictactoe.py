@@ -249,6 +249,42 @@ def test_position_grpo_with_kl_keeps_solved_groups_and_reports_kl(tiny_model_dir
         assert ("kl" in m) is expect_all, m
 
 
+def test_position_grpo_samples_the_last_copies_of_each_group_hotter(tiny_model_dir, tmp_path):
+    """``explore_samples``: the last samples of every position's group come from the same policy at
+    ``explore_temperature`` (recorded on each trace, so the loss scores them at that temperature) and are
+    reported apart (``explored_*``); the recipe refuses the flag where it would do nothing."""
+    import asyncio
+    import json
+
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.tictactoe.position_rl import PositionGRPO, PositionRLConfig, View
+    from ludic.tictactoe.recipe import RecipeConfig, recipe
+    from ludic.tictactoe.synth import teacher_positions
+    from ludic.training.lora import LoraSettings, load_policy
+
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    engine = TransformersEngine(model, tok, batch_wait_s=0.05)
+    view = View("Tic-tac-toe.", compact=True, show_moves=True, max_tokens=4, answer="cell")
+    cfg = PositionRLConfig(positions_per_step=2, group_size=4, explore_samples=1, explore_temperature=3.0,
+                           replay_fraction=0.0, trainer=TrainerConfig(lr=1e-4, micro_token_budget=4096))
+    m = asyncio.run(PositionGRPO(model, tok, engine, view, cfg, tmp_path / "rl").run(1, pool=teacher_positions()[:4]))
+    assert m["num_rollouts"] == 8 and "explored_illegal_rate" in m and "sampled_illegal_rate" in m, m
+    rows = [json.loads(line) for line in (tmp_path / "rl" / "rollouts.jsonl").read_text().splitlines()]
+    by_group: dict = {}
+    for r in rows:
+        by_group.setdefault(r["meta"]["group_id"], []).append(r)
+    assert len(by_group) == 2
+    for group in by_group.values():
+        hot = [r for r in group if r["meta"].get("explore")]
+        assert len(hot) == 1 and all(s["trace"]["temperature"] == 3.0 for s in hot[0]["steps"])
+        assert all(s["trace"]["temperature"] == 1.0 for r in group if r not in hot for s in r["steps"])
+    missing = str(tmp_path / "no-such-model")
+    with pytest.raises(ValueError, match="--reward move only"):
+        recipe(RecipeConfig(model=missing, run_dir=str(tmp_path / "o"), reward="outcome", rl_explore_samples=2))
+    with pytest.raises(ValueError, match="rl-explore-samples must be in"):
+        recipe(RecipeConfig(model=missing, run_dir=str(tmp_path / "g"), rl_explore_samples=8))
+
+
 def test_recipes_reject_an_unknown_logger_before_any_work(tmp_path):
     """A --logger typo used to surface when SFT first logged, after the base evaluation."""
     from ludic.tictactoe.recipe import RecipeConfig, recipe

@@ -68,12 +68,20 @@ class GRPORequestStrategy:
 
     Copies share a fresh ``group_id`` so ``GroupNormalizedReturn`` compares
     them with each other. Seeds come from a seeded RNG, so a run is reproducible.
+    ``explore=k`` sends the last k copies of each group to the protocol ``explore_protocol``
+    (meta ``explore: True``), e.g. the same agent sampling hotter: when the policy's own
+    samples of a group all agree, those copies still give the group something to compare.
     """
 
-    def __init__(self, group_size: int, seed: int = 0) -> None:
+    def __init__(self, group_size: int, seed: int = 0, *, explore: int = 0,
+                 explore_protocol: str = "explore") -> None:
         if group_size < 1:
             raise ValueError(f"GRPORequestStrategy: group_size must be >= 1, got {group_size}")
+        if not 0 <= explore < group_size:
+            raise ValueError(f"GRPORequestStrategy: explore must be in [0, group_size={group_size}), got {explore}: "
+                             "a group needs at least one sample of the policy itself")
         self.group_size = group_size
+        self.explore, self.explore_protocol = explore, explore_protocol
         self.rng = random.Random(seed)
 
     def expand(self, requests: Sequence[RolloutRequest]) -> list[RolloutRequest]:
@@ -83,11 +91,12 @@ class GRPORequestStrategy:
             base = self.rng.getrandbits(31)
             gid = req.group_id or uuid.UUID(int=self.rng.getrandbits(128)).hex
             for i in range(self.group_size):
+                hot = i >= self.group_size - self.explore
                 out.append(
                     RolloutRequest(
-                        env=req.env, protocol=req.protocol, env_seed=env_seed,
+                        env=req.env, protocol=self.explore_protocol if hot else req.protocol, env_seed=env_seed,
                         sampling_seed=base + i * 7919, group_id=gid,
-                        max_steps=req.max_steps, meta=req.meta,
+                        max_steps=req.max_steps, meta={**req.meta, "explore": True} if hot else req.meta,
                     )
                 )
         return out

@@ -112,6 +112,12 @@ class PositionRLConfig:
     mistakes get most of the signal instead of one group in sixteen."""
     group_size: int = 8
     temperature: float = 1.0
+    explore_samples: int = 0
+    """The last samples of every group drawn at ``explore_temperature`` instead (the same policy, hotter;
+    no move is suggested): once the policy answers a position the same way 8 times out of 8 the group
+    carries no signal, and these samples still try other cells. The loss sees each sample's own
+    temperature."""
+    explore_temperature: float = 2.0
     algorithm: str = "grpo"
     kl_coef: float = 0.0
     """KL penalty to the policy RL started from (the adapter switched off). When > 0, groups whose
@@ -139,12 +145,13 @@ class PositionGRPO:
         self.rng = random.Random(cfg.seed)
         self.steps = 0
 
-        def factory() -> SingleAgentProtocol:
-            return SingleAgentProtocol(view.agent(client, cfg.temperature))
+        def factory(temperature: float = cfg.temperature) -> Callable[[], SingleAgentProtocol]:
+            return lambda: SingleAgentProtocol(view.agent(client, temperature))
 
-        self.trainer = group_trainer(model, tokenizer, factory, cfg, run_dir, self._requests, _position_metrics,
+        self.trainer = group_trainer(model, tokenizer, factory(), cfg, run_dir, self._requests, _position_metrics,
                                      cfg.positions_per_step * cfg.group_size, publisher=publisher, logger=logger,
-                                     total_steps=total_steps)
+                                     total_steps=total_steps,
+                                     explore=factory(cfg.explore_temperature) if cfg.explore_samples else None)
 
     def _requests(self) -> list[RolloutRequest]:
         boards = batch_boards(self.focus, self.pool, self.replay, self.cfg, self.rng)
@@ -167,9 +174,11 @@ class PositionGRPO:
 
 def group_trainer(model: Any, tokenizer: Any, protocol: Callable[[], SingleAgentProtocol], cfg: Any, run_dir: Path,
                   requests: Callable[[], list[RolloutRequest]], metrics: Callable[[Sequence[Any]], dict[str, float]],
-                  concurrency: int, *, publisher: Any = None, logger: Any = None, total_steps: int = 0) -> Any:
+                  concurrency: int, *, publisher: Any = None, logger: Any = None, total_steps: int = 0,
+                  explore: Callable[[], SingleAgentProtocol] | None = None) -> Any:
     """The trainer of a tic-tac-toe RL stage (``PositionGRPO``, ``game_rl.GameGRPO``): each batch plays
-    ``requests()`` with ``protocol()`` in GRPO groups of ``cfg.group_size`` (rollouts in ``run_dir/rollouts.jsonl``),
+    ``requests()`` with ``protocol()`` in GRPO groups of ``cfg.group_size`` (the last ``cfg.explore_samples`` of
+    each group with ``explore()``; rollouts in ``run_dir/rollouts.jsonl``),
     credits them with ``cfg.algorithm``, drops groups without signal (unless ``cfg.kl_coef``: their KL term still
     anchors) and logs ``metrics`` of the rollouts. A batch with no signal at all is expected, not an error;
     ``trainer.max_no_signal_steps`` of them in a row stop it (``TrainingStopped``): the sampling policy collapsed."""
@@ -180,8 +189,11 @@ def group_trainer(model: Any, tokenizer: Any, protocol: Callable[[], SingleAgent
 
     algo = algorithm_for(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    engine = RolloutEngine({"single_agent": protocol}, concurrency=concurrency, jsonl_path=run_dir / "rollouts.jsonl")
-    source = RolloutBatchSource(engine, requests, algo.credit, strategy=GRPORequestStrategy(cfg.group_size, cfg.seed),
+    n_explore = getattr(cfg, "explore_samples", 0) if explore is not None else 0
+    protocols = {"single_agent": protocol, **({"explore": explore} if n_explore else {})}
+    engine = RolloutEngine(protocols, concurrency=concurrency, jsonl_path=run_dir / "rollouts.jsonl")
+    strategy = GRPORequestStrategy(cfg.group_size, cfg.seed, explore=n_explore)
+    source = RolloutBatchSource(engine, requests, algo.credit, strategy=strategy,
                                 sample_filter=None if cfg.kl_coef else drop_zero_weight, metrics_fn=metrics)
     tcfg = replace(cfg.trainer, total_steps=cfg.trainer.total_steps or total_steps)
     trainer = Trainer(model, algo, source, tcfg, publisher=publisher, logger=logger, tokenizer=tokenizer,
@@ -221,8 +233,15 @@ def batch_boards(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: 
 
 
 def _position_metrics(rollouts: Sequence[Any]) -> dict[str, float]:
-    steps = [s for r in rollouts for s in r.steps]
-    n = max(len(steps), 1)
-    return {"sampled_best_rate": sum(bool(s.info.get("best_move")) for s in steps) / n,
-            "sampled_value_preserving_rate": sum(bool(s.info.get("optimal_move")) for s in steps) / n,
-            "sampled_illegal_rate": sum(bool(s.info.get("illegal_move")) for s in steps) / n}
+    """Shares of the policy's own samples that were best / value-preserving / illegal; with exploring samples,
+    the same shares of those (``explored_*``)."""
+    out: dict[str, float] = {}
+    for prefix, keep in (("sampled", False), ("explored", True)):
+        steps = [s for r in rollouts if bool(r.meta.get("explore")) is keep for s in r.steps]
+        if keep and not steps:
+            continue
+        n = max(len(steps), 1)
+        out.update({f"{prefix}_best_rate": sum(bool(s.info.get("best_move")) for s in steps) / n,
+                    f"{prefix}_value_preserving_rate": sum(bool(s.info.get("optimal_move")) for s in steps) / n,
+                    f"{prefix}_illegal_rate": sum(bool(s.info.get("illegal_move")) for s in steps) / n})
+    return out
