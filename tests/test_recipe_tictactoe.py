@@ -285,6 +285,49 @@ def test_position_grpo_samples_the_last_copies_of_each_group_hotter(tiny_model_d
         recipe(RecipeConfig(model=missing, run_dir=str(tmp_path / "g"), rl_explore_samples=8))
 
 
+def test_position_grpo_can_explore_with_uniformly_random_legal_cells(tiny_model_dir, tmp_path):
+    """``explore="uniform"``: the last samples of each group are a uniformly random legal cell (no move is
+    preferred, so no strategy is shown), in the policy's answer style. The policy did not sample them, so their
+    sampler log-probs are unknown (NaN on the trace) and the loss scores them with an importance ratio of 1:
+    the step stays finite (a NaN there used to make the loss NaN)."""
+    import asyncio
+    import json
+    import math
+    from collections import Counter
+
+    import ludic.tictactoe.board as ttt
+    from ludic.inference.client import ChatRequest, SamplingParams
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.tictactoe.env import format_observation
+    from ludic.tictactoe.position_rl import PositionGRPO, PositionRLConfig, UniformCellClient, View
+    from ludic.tictactoe.synth import teacher_positions
+    from ludic.training.lora import LoraSettings, load_policy
+
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    engine = TransformersEngine(model, tok, batch_wait_s=0.05)
+    board = teacher_positions()[5]
+    obs = format_observation(board, ttt.to_move(board), None, None, True, False)
+    client = UniformCellClient(engine, answer="move")
+    picks = Counter()
+    for seed in range(300):
+        r = asyncio.run(client.complete(ChatRequest([{"role": "user", "content": obs}], SamplingParams(seed=seed))))
+        assert r.text.startswith("<move>") and all(math.isnan(x) for x in r.trace.logprobs)
+        assert r.trace.completion_ids[-1] == tok.eos_token_id
+        picks[ttt.parse_coord(r.text[6:8])] += 1
+    assert set(picks) == set(ttt.legal_moves(board)) and min(picks.values()) > 300 / len(picks) / 2
+
+    view = View("Tic-tac-toe.", compact=True, show_moves=True, max_tokens=4, answer="cell")
+    cfg = PositionRLConfig(positions_per_step=2, group_size=4, explore_samples=2, explore="uniform",
+                           replay_fraction=0.0, trainer=TrainerConfig(lr=1e-4, micro_token_budget=4096))
+    rl = PositionGRPO(model, tok, engine, view, cfg, tmp_path / "rl")
+    m = asyncio.run(rl.run(1, pool=teacher_positions()[:4]))
+    assert m["explored_illegal_rate"] == 0.0 and m["num_rollouts"] == 8, m
+    assert m["num_items"] > 0 and math.isfinite(m["loss"]), m  # the random tiny model's own samples are illegal
+    assert all(math.isfinite(p.detach().abs().sum().item()) for p in model.parameters() if p.requires_grad)
+    rows = [json.loads(line) for line in (tmp_path / "rl" / "rollouts.jsonl").read_text().splitlines()]
+    assert sum(bool(r["meta"].get("explore")) for r in rows) == 4
+
+
 def test_recipes_reject_an_unknown_logger_before_any_work(tmp_path):
     """A --logger typo used to surface when SFT first logged, after the base evaluation."""
     from ludic.tictactoe.recipe import RecipeConfig, recipe

@@ -57,7 +57,8 @@ class TokenTrace:
     """Sampled token ids, including the stop token when the model emitted one."""
     logprobs: tuple[float, ...]
     """Sampler log-probability of each completion token, in the distribution it was drawn from:
-    softmax(logits / temperature), renormalised over the top-p / top-k set when those are on."""
+    softmax(logits / temperature), renormalised over the top-p / top-k set when those are on.
+    NaN: unknown (a reply the policy did not sample; the loss uses an importance ratio of 1)."""
     policy_versions: tuple[int, ...]
     """Policy (weights) version that sampled each completion token."""
     finish_reason: FinishReason = FinishReason.STOP

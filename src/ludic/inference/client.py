@@ -97,12 +97,15 @@ class FunctionClient:
     the recorded token traces are exactly the prompts the model sees (``ludic train qa --tool-demos``).
 
     ``reply(messages)`` returns the text; the completion ids are its tokens plus the end-of-turn token.
-    Log-probs are 0 and policy versions -1 (offline data, not a sample of any policy).
+    Policy versions are -1 (not a sample of any policy) and log-probs ``logprob``: 0 for offline data, NaN
+    for "unknown" (replies mixed into a policy's RL samples: the loss then scores them with an importance
+    ratio of 1, see ``ludic.training.objective``).
     """
 
-    def __init__(self, tokenizer: Any, reply: Any) -> None:
+    def __init__(self, tokenizer: Any, reply: Any, *, logprob: float = 0.0) -> None:
         self._tokenizer = tokenizer
         self.reply = reply
+        self.logprob = logprob
 
     @property
     def tokenizer(self) -> Any:
@@ -114,5 +117,5 @@ class FunctionClient:
         text = self.reply(request.messages)
         prompt = tuple(request.prompt_ids) if request.prompt_ids is not None else tuple(render_ids(self._tokenizer, request.messages))
         ids = tuple(encode(self._tokenizer, text)) + (self._tokenizer.eos_token_id,)  # the end of the turn
-        trace = TokenTrace(prompt, ids, (0.0,) * len(ids), (-1,) * len(ids), FinishReason.STOP)
+        trace = TokenTrace(prompt, ids, (self.logprob,) * len(ids), (-1,) * len(ids), FinishReason.STOP)
         return ChatResponse(text=text, trace=trace, info={"backend": "function"})

@@ -28,10 +28,11 @@ import ludic.tictactoe.board as ttt
 from ludic.tictactoe.env import format_observation
 from ludic.agents.agent import Agent
 from ludic.tictactoe.positions import board_to_string
-from ludic.inference.client import ChatClient
+from ludic.inference.client import ChatClient, ChatRequest, ChatResponse, FunctionClient
 from ludic.interaction import SingleAgentProtocol
 from ludic.parsers import Parser
 from ludic.tictactoe.prompts import answer_parser, make_agent
+from ludic.tictactoe.synth import random_cell_reply
 from ludic.training.config import TrainerConfig
 from ludic.types import EnvSpec, RolloutRequest
 
@@ -97,6 +98,28 @@ async def score_positions(client: ChatClient, boards: Sequence[ttt.Board], view:
     return PositionScore(list(boards), await greedy_moves(client, boards, view))
 
 
+class UniformCellClient(FunctionClient):
+    """A sampler that answers a tic-tac-toe prompt with a uniformly random legal cell of the board it shows,
+    in the policy's answer style (``cell`` or ``move``), seeded by the request's sampling seed. Its log-probs
+    are NaN (unknown: the policy did not sample the reply), so the loss scores the reply with an importance
+    ratio of 1. ``PositionRLConfig(explore="uniform")`` draws a group's exploring samples from it."""
+
+    def __init__(self, policy: ChatClient, answer: str = "cell") -> None:
+        super().__init__(policy.tokenizer, self._reply, logprob=math.nan)
+        self.answer = answer
+        self._rng = random.Random(0)
+
+    def _reply(self, messages: Sequence[Any]) -> str:
+        board = ttt.parse_board(next((m["content"] for m in reversed(messages) if m["role"] == "user"), ""))
+        if board is None or not ttt.legal_moves(board):
+            return ""  # no board to move on: an unparsable reply, scored as the env scores one
+        return random_cell_reply(board, self._rng, self.answer)
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        self._rng = random.Random(request.sampling.seed)  # reply() runs before the first await
+        return await super().complete(request)
+
+
 @dataclass
 class PositionRLConfig:
     """Position-level GRPO settings."""
@@ -113,10 +136,13 @@ class PositionRLConfig:
     group_size: int = 8
     temperature: float = 1.0
     explore_samples: int = 0
-    """The last samples of every group drawn at ``explore_temperature`` instead (the same policy, hotter;
-    no move is suggested): once the policy answers a position the same way 8 times out of 8 the group
-    carries no signal, and these samples still try other cells. The loss sees each sample's own
-    temperature."""
+    """The last samples of every group explore (``explore``): once the policy answers a position the same way
+    8 times out of 8 the group carries no signal, and these samples still try other cells."""
+    explore: str = "hotter"
+    """How the exploring samples are drawn: ``hotter``, the policy at ``explore_temperature`` (the loss scores
+    each at its own temperature; a policy that sharpens faster than the temperature flattens still agrees with
+    itself), or ``uniform``, a uniformly random legal cell (``UniformCellClient``: no move preferred, so no
+    strategy shown; trained with an importance ratio of 1, as if the policy had sampled it)."""
     explore_temperature: float = 2.0
     algorithm: str = "grpo"
     kl_coef: float = 0.0
@@ -145,13 +171,19 @@ class PositionGRPO:
         self.rng = random.Random(cfg.seed)
         self.steps = 0
 
-        def factory(temperature: float = cfg.temperature) -> Callable[[], SingleAgentProtocol]:
-            return lambda: SingleAgentProtocol(view.agent(client, temperature))
+        if cfg.explore not in ("hotter", "uniform"):
+            raise ValueError(f"PositionRLConfig.explore must be hotter or uniform, got {cfg.explore!r}")
 
+        def factory(temperature: float = cfg.temperature, sampler: ChatClient = client) -> Callable[[], SingleAgentProtocol]:
+            return lambda: SingleAgentProtocol(view.agent(sampler, temperature))
+
+        explore = None
+        if cfg.explore_samples:
+            explore = (factory(cfg.explore_temperature) if cfg.explore == "hotter"
+                       else factory(sampler=UniformCellClient(client, view.answer)))
         self.trainer = group_trainer(model, tokenizer, factory(), cfg, run_dir, self._requests, _position_metrics,
                                      cfg.positions_per_step * cfg.group_size, publisher=publisher, logger=logger,
-                                     total_steps=total_steps,
-                                     explore=factory(cfg.explore_temperature) if cfg.explore_samples else None)
+                                     total_steps=total_steps, explore=explore)
 
     def _requests(self) -> list[RolloutRequest]:
         boards = batch_boards(self.focus, self.pool, self.replay, self.cfg, self.rng)

@@ -114,8 +114,11 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     (``TrainerConfig.scale_lr_by_signal``): positions the policy already answers right add no step."""
     rl_temperature: float = 1.0
     rl_explore_samples: int = 0
-    """--reward move: the last samples of each group drawn at ``rl_explore_temperature`` (the policy, hotter),
-    so a position whose samples all agree still has alternatives to compare (``PositionRLConfig.explore_samples``)."""
+    """--reward move: the last samples of each group explore (``rl_explore``), so a position whose samples all
+    agree still has alternatives to compare (``PositionRLConfig.explore_samples``)."""
+    rl_explore: str = "hotter"
+    """How they explore: hotter (the policy at ``rl_explore_temperature``) or uniform (a uniformly random legal
+    cell, trained with an importance ratio of 1; no move preferred, so no strategy shown)."""
     rl_explore_temperature: float = 2.0
     rl_algorithm: str = "grpo"
     """The RL stage's algorithm (grpo, dr_grpo, rloo, ...)."""
@@ -183,6 +186,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         raise ValueError(f"--reward must be move or outcome, got {cfg.reward!r}")
     if cfg.teacher == "none" and cfg.answer not in ("cell", "move"):
         raise ValueError(f"--teacher none answers with a bare cell or <move>: --answer cell or move, not {cfg.answer!r}")
+    if cfg.rl_explore not in ("hotter", "uniform"):
+        raise ValueError(f"--rl-explore must be hotter or uniform, got {cfg.rl_explore!r}")
     if cfg.rl_explore_samples and cfg.reward != "move":
         raise ValueError("--rl-explore-samples samples a position's group hotter: it works with --reward move only")
     if not 0 <= cfg.rl_explore_samples < cfg.group_size:
@@ -293,7 +298,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     rl_dir = run_dir / "rl"
     rl_cfg = PositionRLConfig(positions_per_step=cfg.positions_per_step, group_size=cfg.group_size,
                               temperature=cfg.rl_temperature, seed=cfg.seed, algorithm=cfg.rl_algorithm,
-                              explore_samples=cfg.rl_explore_samples, explore_temperature=cfg.rl_explore_temperature,
+                              explore_samples=cfg.rl_explore_samples, explore=cfg.rl_explore,
+                              explore_temperature=cfg.rl_explore_temperature,
                               kl_coef=cfg.rl_kl_coef, entropy_coef=cfg.rl_entropy_coef,
                               trainer=TrainerConfig(lr=cfg.rl_lr, max_grad_norm=1.0,
                                                     scale_lr_by_signal=cfg.rl_scale_lr_by_signal,

@@ -167,11 +167,16 @@ def random_cell_records(system_prompt: str | None, *, compact: bool = True, styl
         obs = format_observation(board, mark, None, None, compact, show_moves)
         system = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
         for _ in range(per_position):
-            c = ttt.coord(rng.choice(ttt.legal_moves(board)))
             out.append({"messages": [*system, {"role": "user", "content": obs}],
-                        "completion": c if style == "cell" else f"<move>{c}</move>",
+                        "completion": random_cell_reply(board, rng, style),
                         "meta": {"source": "random_cells", "mark": mark, "board": list(board)}})
     return out
+
+
+def random_cell_reply(board: ttt.Board, rng: random.Random, style: str = "cell") -> str:
+    """A uniformly random legal cell of ``board`` as a reply in ``style``: ``B2`` (cell) or ``<move>B2</move>``."""
+    c = ttt.coord(rng.choice(ttt.legal_moves(board)))
+    return c if style == "cell" else f"<move>{c}</move>"
 
 
 def teacher_positions(marks: Sequence[str] = ("X", "O")) -> list[ttt.Board]:

@@ -41,6 +41,10 @@ def policy_gradient_objective(
     old = mb.old_logp
     if old is None and loss_cfg.needs_old_logp:
         old = logp.detach()  # offline data: on-policy ratio of 1
+    elif old is not None and bool(torch.isnan(old).any()):
+        # NaN = the sampler's log-prob is unknown (a reply the policy did not sample, e.g. an exploring move
+        # of FunctionClient(logprob=nan)): score it with a ratio of 1, as if on-policy
+        old = torch.where(torch.isnan(old), logp.detach(), old)
     inp = LossInputs(
         logp=logp, adv=mb.adv, seg=mb.seg, total_tokens=totals["tokens"], total_segments=totals["segments"],
         old_logp=old, ref_logp=ref_logp, entropy=entropy, max_tokens=totals["max_tokens"],
