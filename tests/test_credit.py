@@ -101,6 +101,21 @@ def test_grpo_strategy_sends_the_last_copies_of_a_group_to_the_exploring_protoco
         GRPORequestStrategy(4, explore=4)
 
 
+def test_group_credit_can_keep_only_the_gains_of_exploring_samples():
+    """``explored_gains_only``: an exploring rollout (meta ``explore``, a move the policy did not sample) that did
+    worse than its group gets 0, not a negative advantage: pushing down a move the policy barely samples moves
+    its probability anywhere, illegal cells included. One that did better keeps its advantage; the policy's own
+    samples are untouched."""
+    rs = [_rollout([1.0], "g"), _rollout([0.0], "g"), _rollout([1.0], "g"), _rollout([0.0], "g")]
+    rs[2].meta["explore"] = rs[3].meta["explore"] = True
+    plain = GroupNormalizedReturn().compute(rs)
+    kept = GroupNormalizedReturn(explored_gains_only=True).compute(rs)
+    key = lambda r: (r.id, 0)  # noqa: E731
+    assert plain[key(rs[3])] < 0 and kept[key(rs[3])] == 0.0
+    assert kept[key(rs[2])] == plain[key(rs[2])] > 0
+    assert kept[key(rs[1])] == plain[key(rs[1])] < 0 and kept[key(rs[0])] == plain[key(rs[0])]
+
+
 def test_make_credit_rejects_unknown():
     with pytest.raises(ValueError, match="unknown credit assigner 'x'"):
         make_credit("x")

@@ -320,6 +320,7 @@ def test_position_grpo_can_explore_with_uniformly_random_legal_cells(tiny_model_
     cfg = PositionRLConfig(positions_per_step=2, group_size=4, explore_samples=2, explore="uniform",
                            replay_fraction=0.0, trainer=TrainerConfig(lr=1e-4, micro_token_budget=4096))
     rl = PositionGRPO(model, tok, engine, view, cfg, tmp_path / "rl")
+    assert rl.trainer.source.credit.explored_gains_only  # a random cell that did worse is not pushed down
     m = asyncio.run(rl.run(1, pool=teacher_positions()[:4]))
     assert m["explored_illegal_rate"] == 0.0 and m["num_rollouts"] == 8, m
     assert m["num_items"] > 0 and math.isfinite(m["loss"]), m  # the random tiny model's own samples are illegal

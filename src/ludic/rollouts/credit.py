@@ -109,10 +109,14 @@ class GroupNormalizedReturn:
     Args:
         mode: "mean", "mean_std" (GRPO's default scaling) or "loo" (RLOO).
         positive_only: clamp advantages at 0 (train only on better-than-average episodes).
+        explored_gains_only: clamp at 0 only the exploring rollouts (``meta["explore"]``: moves the policy did
+            not sample, ``GRPORequestStrategy(explore=k)``): one that did better than its group is learned from,
+            one that did worse is not pushed down (that would move the policy's mass anywhere, illegal moves included).
     """
 
     mode: str = "mean_std"
     positive_only: bool = False
+    explored_gains_only: bool = False
     eps: float = 1e-6
     last_stats: dict = field(default_factory=dict, compare=False, repr=False)
     """The last batch's ``zero_var_group_share`` (groups whose episodes all scored the same: their
@@ -138,7 +142,8 @@ class GroupNormalizedReturn:
             flat += max(returns) == min(returns)
             advs = group_advantages(returns, self.mode, self.eps)
             for r, a in zip(members, advs):
-                a = max(a, 0.0) if self.positive_only else a
+                if self.positive_only or (self.explored_gains_only and r.meta.get("explore")):
+                    a = max(a, 0.0)
                 for s in r.steps:
                     out[(r.id, s.index)] = a
         self.last_stats.clear()

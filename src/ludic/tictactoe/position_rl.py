@@ -142,7 +142,8 @@ class PositionRLConfig:
     """How the exploring samples are drawn: ``hotter``, the policy at ``explore_temperature`` (the loss scores
     each at its own temperature; a policy that sharpens faster than the temperature flattens still agrees with
     itself), or ``uniform``, a uniformly random legal cell (``UniformCellClient``: no move preferred, so no
-    strategy shown; trained with an importance ratio of 1, as if the policy had sampled it)."""
+    strategy shown; trained with an importance ratio of 1, as if the policy had sampled it, and only when it beat
+    its group: ``GroupNormalizedReturn(explored_gains_only=True)``)."""
     explore_temperature: float = 2.0
     algorithm: str = "grpo"
     kl_coef: float = 0.0
@@ -215,11 +216,15 @@ def group_trainer(model: Any, tokenizer: Any, protocol: Callable[[], SingleAgent
     anchors) and logs ``metrics`` of the rollouts. A batch with no signal at all is expected, not an error;
     ``trainer.max_no_signal_steps`` of them in a row stop it (``TrainingStopped``): the sampling policy collapsed."""
     from ludic.rollouts.batch import RolloutBatchSource, drop_zero_weight
+    from ludic.rollouts.credit import GroupNormalizedReturn
     from ludic.rollouts.engine import GRPORequestStrategy, RolloutEngine
     from ludic.training.algorithms import algorithm_for
     from ludic.training.trainer import Trainer
 
     algo = algorithm_for(cfg)
+    if getattr(cfg, "explore", "") == "uniform" and isinstance(algo.credit, GroupNormalizedReturn):
+        # random cells the policy did not sample: learn from the ones that beat the group, push none down
+        algo = replace(algo, credit=replace(algo.credit, explored_gains_only=True))
     run_dir.mkdir(parents=True, exist_ok=True)
     n_explore = getattr(cfg, "explore_samples", 0) if explore is not None else 0
     protocols = {"single_agent": protocol, **({"explore": explore} if n_explore else {})}
