@@ -98,6 +98,10 @@ async def score_positions(client: ChatClient, boards: Sequence[ttt.Board], view:
     return PositionScore(list(boards), await greedy_moves(client, boards, view))
 
 
+EXPLORE_MODES = ("hotter", "uniform")
+"""How a group's exploring samples are drawn (``PositionRLConfig.explore``)."""
+
+
 class UniformCellClient(FunctionClient):
     """A sampler that answers a tic-tac-toe prompt with a uniformly random legal cell of the board it shows,
     in the policy's answer style (``cell`` or ``move``), seeded by the request's sampling seed. Its log-probs
@@ -172,8 +176,8 @@ class PositionGRPO:
         self.rng = random.Random(cfg.seed)
         self.steps = 0
 
-        if cfg.explore not in ("hotter", "uniform"):
-            raise ValueError(f"PositionRLConfig.explore must be hotter or uniform, got {cfg.explore!r}")
+        if cfg.explore not in EXPLORE_MODES:
+            raise ValueError(f"PositionRLConfig.explore must be one of {EXPLORE_MODES}, got {cfg.explore!r}")
 
         def factory(temperature: float = cfg.temperature, sampler: ChatClient = client) -> Callable[[], SingleAgentProtocol]:
             return lambda: SingleAgentProtocol(view.agent(sampler, temperature))
@@ -184,7 +188,8 @@ class PositionGRPO:
                        else factory(sampler=UniformCellClient(client, view.answer)))
         self.trainer = group_trainer(model, tokenizer, factory(), cfg, run_dir, self._requests, _position_metrics,
                                      cfg.positions_per_step * cfg.group_size, publisher=publisher, logger=logger,
-                                     total_steps=total_steps, explore=explore)
+                                     total_steps=total_steps, explore=explore,
+                                     explored_gains_only=cfg.explore == "uniform")
 
     def _requests(self) -> list[RolloutRequest]:
         boards = batch_boards(self.focus, self.pool, self.replay, self.cfg, self.rng)
@@ -208,10 +213,11 @@ class PositionGRPO:
 def group_trainer(model: Any, tokenizer: Any, protocol: Callable[[], SingleAgentProtocol], cfg: Any, run_dir: Path,
                   requests: Callable[[], list[RolloutRequest]], metrics: Callable[[Sequence[Any]], dict[str, float]],
                   concurrency: int, *, publisher: Any = None, logger: Any = None, total_steps: int = 0,
-                  explore: Callable[[], SingleAgentProtocol] | None = None) -> Any:
+                  explore: Callable[[], SingleAgentProtocol] | None = None, explored_gains_only: bool = False) -> Any:
     """The trainer of a tic-tac-toe RL stage (``PositionGRPO``, ``game_rl.GameGRPO``): each batch plays
     ``requests()`` with ``protocol()`` in GRPO groups of ``cfg.group_size`` (the last ``cfg.explore_samples`` of
-    each group with ``explore()``; rollouts in ``run_dir/rollouts.jsonl``),
+    each group with ``explore()``, learned from only when they beat their group if ``explored_gains_only``; rollouts
+    in ``run_dir/rollouts.jsonl``),
     credits them with ``cfg.algorithm``, drops groups without signal (unless ``cfg.kl_coef``: their KL term still
     anchors) and logs ``metrics`` of the rollouts. A batch with no signal at all is expected, not an error;
     ``trainer.max_no_signal_steps`` of them in a row stop it (``TrainingStopped``): the sampling policy collapsed."""
@@ -222,11 +228,11 @@ def group_trainer(model: Any, tokenizer: Any, protocol: Callable[[], SingleAgent
     from ludic.training.trainer import Trainer
 
     algo = algorithm_for(cfg)
-    if getattr(cfg, "explore", "") == "uniform" and isinstance(algo.credit, GroupNormalizedReturn):
-        # random cells the policy did not sample: learn from the ones that beat the group, push none down
+    if explored_gains_only and isinstance(algo.credit, GroupNormalizedReturn):
+        # replies the policy did not sample: learn from the ones that beat the group, push none down
         algo = replace(algo, credit=replace(algo.credit, explored_gains_only=True))
     run_dir.mkdir(parents=True, exist_ok=True)
-    n_explore = getattr(cfg, "explore_samples", 0) if explore is not None else 0
+    n_explore = cfg.explore_samples if explore is not None else 0
     protocols = {"single_agent": protocol, **({"explore": explore} if n_explore else {})}
     engine = RolloutEngine(protocols, concurrency=concurrency, jsonl_path=run_dir / "rollouts.jsonl")
     strategy = GRPORequestStrategy(cfg.group_size, cfg.seed, explore=n_explore)

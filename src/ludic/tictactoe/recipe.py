@@ -118,7 +118,8 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     agree still has alternatives to compare (``PositionRLConfig.explore_samples``)."""
     rl_explore: str = "hotter"
     """How they explore: hotter (the policy at ``rl_explore_temperature``) or uniform (a uniformly random legal
-    cell, trained with an importance ratio of 1; no move preferred, so no strategy shown)."""
+    cell, trained with an importance ratio of 1 and only when it beat its group; no move preferred, so no
+    strategy shown)."""
     rl_explore_temperature: float = 2.0
     rl_algorithm: str = "grpo"
     """The RL stage's algorithm (grpo, dr_grpo, rloo, ...)."""
@@ -171,7 +172,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.data.offline import OfflineBatchSource, sft_item
     from ludic.tictactoe.synth import random_cell_records, teacher_position_records, teacher_positions
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.tictactoe.position_rl import PositionGRPO, PositionRLConfig, View
+    from ludic.tictactoe.position_rl import EXPLORE_MODES, PositionGRPO, PositionRLConfig, View
     from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
     from ludic.training.loggers import logger_names, make_logger
@@ -186,10 +187,10 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         raise ValueError(f"--reward must be move or outcome, got {cfg.reward!r}")
     if cfg.teacher == "none" and cfg.answer not in ("cell", "move"):
         raise ValueError(f"--teacher none answers with a bare cell or <move>: --answer cell or move, not {cfg.answer!r}")
-    if cfg.rl_explore not in ("hotter", "uniform"):
-        raise ValueError(f"--rl-explore must be hotter or uniform, got {cfg.rl_explore!r}")
+    if cfg.rl_explore not in EXPLORE_MODES:
+        raise ValueError(f"--rl-explore must be one of {EXPLORE_MODES}, got {cfg.rl_explore!r}")
     if cfg.rl_explore_samples and cfg.reward != "move":
-        raise ValueError("--rl-explore-samples samples a position's group hotter: it works with --reward move only")
+        raise ValueError("--rl-explore-samples explores within a position's group: it works with --reward move only")
     if not 0 <= cfg.rl_explore_samples < cfg.group_size:
         raise ValueError(f"--rl-explore-samples must be in [0, --group-size={cfg.group_size}), "
                          f"got {cfg.rl_explore_samples}")
