@@ -36,7 +36,8 @@ async def run_one(precision: str, steps: int, points: int, seed: int) -> dict[st
     from ludic.tictactoe.synth import teacher_position_records, teacher_positions
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.tictactoe.position_rl import View, score_positions
-    from ludic.tictactoe.recipe import ANSWER_TOKENS, RecipeConfig
+    from ludic.tictactoe.prompts import ANSWER_TOKENS
+    from ludic.tictactoe.recipe import RecipeConfig
     from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
     from ludic.training.lora import decoder_layers, freeze_bottom, load_policy

@@ -144,7 +144,7 @@ def test_full_recipe_smoke_on_tiny_model(tiny_model_dir, tmp_path, monkeypatch, 
     # the report's evaluation command reproduces its numbers (same prompts, same parser)
     import shlex
     from ludic.config import parse_config
-    from ludic.tictactoe.recipe import eval_command
+    from ludic.tictactoe.recipe_report import eval_command
 
     argv = shlex.split(eval_command(run, report["config"]))[3:] + ["--out", str(tmp_path / "again.jsonl")]
     again = evaluate(parse_config(EvalTicTacToeConfig, argv))

@@ -24,6 +24,10 @@ SYSTEM_PROMPT = (
 """Short on purpose: every prompt token is paid for at every turn (TICTACTOE_RULES is the long form)."""
 
 
+ANSWER_TOKENS = {"cell": 4, "move": 12, "kind": 20, "think": 40}
+"""Reply limit per answer style (the teacher's longest answer plus a margin)."""
+
+
 @dataclass
 class TicTacToeBlock:
     """Game: the opponent and what the agent sees and must answer (training and evaluation)."""
