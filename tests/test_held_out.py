@@ -155,3 +155,27 @@ def test_the_study_table_is_built_from_the_runs_own_summaries(tmp_path, capsys):
     assert "| random | 50.0% (6.5%-22.8%); 25.0% / 25.0% |" in out
     # the best constant answer, computed from the kept test episodes (the summary predates it)
     assert "| chain_sum | 0 | '-2': 6.2% | 29.7% | 27 ('1', 28.1%) | 35 ('-3', 9.4%) |" in out
+
+
+def test_a_task_row_starts_from_the_mean_of_its_seeds_own_cold_starts(tmp_path, capsys):
+    """A format cold start is trained per seed, so its test score differs by seed: the per-task row's start of
+    RL and gain are the seeds' mean start, not the first seed's (calculator: 81.2% and 95.3%)."""
+    import importlib.util
+    import json
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "examples" / "study"
+    spec = importlib.util.spec_from_file_location("study_table", root / "table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    for seed, start, trained in ((0, 0.25, 0.5), (1, 0.75, 0.75)):
+        shutil.copytree(root / "results" / "chain_sum-s0", tmp_path / f"demo-s{seed}")
+        s = json.loads((tmp_path / f"demo-s{seed}" / "summary.json").read_text())
+        s["format_demos"] = {**s["base"], "success_rate": start}
+        s["trained"] = {**s["trained"], "success_rate": trained}
+        (tmp_path / f"demo-s{seed}" / "summary.json").write_text(json.dumps(s))
+    table.main(tmp_path)
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| demo | 2 |"))
+    # start: mean of 25% and 75% over 64 episodes (Wilson interval of 32/64); trained: mean 62.5%; gain +12.5
+    assert row.startswith("| demo | 2 | 50.0% (38.1%-61.9%) | 62.5% ") and "| +12.5 (" in row, row

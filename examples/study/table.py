@@ -60,6 +60,18 @@ def start_of(s: dict) -> dict:
     return s.get("format_demos") or s["base"]
 
 
+def mean_start(summaries: list[dict], n: int) -> dict:
+    """A task's start of RL over its seeds: the base model's (the same for every seed: the same model on the same
+    test instances), or, after a format cold start (trained per seed, so scored per seed), the seeds' mean with the
+    Wilson interval of that share of ``n`` episodes."""
+    starts = [start_of(s) for s in summaries]
+    if all(st is s["base"] for st, s in zip(starts, summaries)):
+        return starts[0]
+    mean = statistics.fmean(st["success_rate"] for st in starts)
+    lo, hi = wilson_interval(round(mean * n), n)
+    return {"success_rate": mean, "success_ci95_low": lo, "success_ci95_high": hi}
+
+
 def gain(start: dict, rate: float, lo: float, hi: float) -> str:
     g_lo, g_hi = difference_interval(start["success_rate"], start["success_ci95_low"], start["success_ci95_high"],
                                      rate, lo, hi)
@@ -118,8 +130,8 @@ def main(root: Path) -> None:
     print("|---|---|---|---|---|---|---|")
     gains, left_out = [], []
     for task, summaries in by_task.items():
-        start = start_of(summaries[0])  # every seed evaluates the same test instances
         n = summaries[0]["trained"]["episodes"]
+        start = mean_start(summaries, n)
         mean = statistics.fmean(s["trained"]["success_rate"] for s in summaries)
         lo, hi = wilson_interval(round(mean * n), n)
         constant = any(answers[t, seed][1].get("top_answer_share", 0.0) >= COLLAPSED_SHARE
