@@ -3,10 +3,10 @@ times, the machine, the command that evaluates the result again) and learning_cu
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from ludic.data.jsonl import read_jsonl
 from ludic.tictactoe.prompts import ANSWER_TOKENS
 from ludic.tictactoe.showcase import games_markdown
 
@@ -20,12 +20,6 @@ def eval_command(run_dir: Path, cfg: dict[str, Any]) -> str:
             f"--no-show-opponent-move {'--show-moves' if cfg['show_moves'] else '--no-show-moves'} "
             f"--system-prompt {shlex.quote(cfg['system_prompt'])} --answer {cfg['answer']} "
             f"--max-tokens {ANSWER_TOKENS[cfg['answer']]}")
-
-
-def _metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _precision_text(p: dict[str, str] | None, requested: str) -> str:
@@ -105,8 +99,8 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    sft = [m for m in _metrics(run_dir / "sft" / "metrics.jsonl") if "loss" in m]
-    rl = [m for m in _metrics(run_dir / "rl" / "metrics.jsonl") if "reward_mean" in m]
+    sft = [m for m in _metrics(run_dir / "sft") if "loss" in m]
+    rl = [m for m in _metrics(run_dir / "rl") if "reward_mean" in m]
     curve = report["curve"]
     fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     axes[0].plot([m["step"] for m in sft], [m["loss"] for m in sft])
@@ -128,3 +122,9 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
     fig.tight_layout()
     fig.savefig(run_dir / "learning_curves.png", dpi=100)
     plt.close(fig)
+
+
+def _metrics(stage_dir: Path) -> list[dict[str, Any]]:
+    """A stage's logged metrics (``metrics.jsonl``; none when the stage did not run)."""
+    path = stage_dir / "metrics.jsonl"
+    return read_jsonl(path) if path.exists() else []
