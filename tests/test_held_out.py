@@ -128,18 +128,25 @@ def test_a_hedged_qa_answer_is_wrong():
         assert out.reward == 0.0 and out.info["hedged"], grader
 
 
+def _study_table(root):
+    """examples/study/table.py, loaded as a module (the examples are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("study_table", root / "table.py")
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    return table
+
+
 def test_the_study_table_is_built_from_the_runs_own_summaries(tmp_path, capsys):
     """examples/study/table.py: every number of docs/study.md's table comes from a run's summary.json, the
     two-player runs with a row per evaluation opponent (wins in play apart from wins by forfeit)."""
-    import importlib.util
     import json
     import shutil
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "examples" / "study"
-    spec = importlib.util.spec_from_file_location("study_table", root / "table.py")
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
+    table = _study_table(root)
     shutil.copytree(root / "results" / "chain_sum-s0", tmp_path / "chain_sum-s0")
     s = json.loads((tmp_path / "chain_sum-s0" / "summary.json").read_text())
     stage = {**s["base"], "success_rate": 0.5, "play_win_rate": 0.25, "forfeit_win_rate": 0.25}
@@ -160,15 +167,12 @@ def test_the_study_table_is_built_from_the_runs_own_summaries(tmp_path, capsys):
 def test_a_task_row_starts_from_the_mean_of_its_seeds_own_cold_starts(tmp_path, capsys):
     """A format cold start is trained per seed, so its test score differs by seed: the per-task row's start of
     RL and gain are the seeds' mean start, not the first seed's (calculator: 81.2% and 95.3%)."""
-    import importlib.util
     import json
     import shutil
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "examples" / "study"
-    spec = importlib.util.spec_from_file_location("study_table", root / "table.py")
-    table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(table)
+    table = _study_table(root)
     for seed, start, trained in ((0, 0.25, 0.5), (1, 0.75, 0.75)):
         shutil.copytree(root / "results" / "chain_sum-s0", tmp_path / f"demo-s{seed}")
         s = json.loads((tmp_path / f"demo-s{seed}" / "summary.json").read_text())

@@ -60,16 +60,20 @@ def start_of(s: dict) -> dict:
     return s.get("format_demos") or s["base"]
 
 
+def seeds_mean(stages: list[dict], n: int) -> dict:
+    """One stage over a task's seeds: the mean success with the Wilson interval of that share of ``n`` episodes."""
+    mean = statistics.fmean(st["success_rate"] for st in stages)
+    lo, hi = wilson_interval(round(mean * n), n)
+    return {"success_rate": mean, "success_ci95_low": lo, "success_ci95_high": hi}
+
+
 def mean_start(summaries: list[dict], n: int) -> dict:
     """A task's start of RL over its seeds: the base model's (the same for every seed: the same model on the same
-    test instances), or, after a format cold start (trained per seed, so scored per seed), the seeds' mean with the
-    Wilson interval of that share of ``n`` episodes."""
+    test instances), or, after a format cold start (trained per seed, so scored per seed), the seeds' mean."""
     starts = [start_of(s) for s in summaries]
     if all(st is s["base"] for st, s in zip(starts, summaries)):
         return starts[0]
-    mean = statistics.fmean(st["success_rate"] for st in starts)
-    lo, hi = wilson_interval(round(mean * n), n)
-    return {"success_rate": mean, "success_ci95_low": lo, "success_ci95_high": hi}
+    return seeds_mean(starts, n)
 
 
 def gain(start: dict, rate: float, lo: float, hi: float) -> str:
@@ -132,8 +136,8 @@ def main(root: Path) -> None:
     for task, summaries in by_task.items():
         n = summaries[0]["trained"]["episodes"]
         start = mean_start(summaries, n)
-        mean = statistics.fmean(s["trained"]["success_rate"] for s in summaries)
-        lo, hi = wilson_interval(round(mean * n), n)
+        trained = seeds_mean([s["trained"] for s in summaries], n)
+        mean, lo, hi = trained["success_rate"], trained["success_ci95_low"], trained["success_ci95_high"]
         constant = any(answers[t, seed][1].get("top_answer_share", 0.0) >= COLLAPSED_SHARE
                        for t, seed, _ in runs if t == task)
         (left_out if constant else gains).append((task, mean - start["success_rate"]))
