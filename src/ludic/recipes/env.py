@@ -47,7 +47,7 @@ from typing import Any
 from ludic.errors import TrainingStopped, UsageError
 from ludic.eval.samples import expand_samples
 from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock, kept_summary, load_policy_for
-from ludic.recipes.common import StepBudget, default_run_dir, may_evaluate, train_until_stop
+from ludic.recipes.common import StepBudget, default_run_dir, machine, may_evaluate, train_until_stop
 from ludic.recipes.env_setup import (INSTANCES_FILE, EnvConfig, TrainingSeeds, env_metrics, eval_requests,
                                      evaluate_episodes, format_summary, held_out_for, opponent_suite, probe_env,
                                      protocols, register_python_env, tool_spec, trained_overlap, write_instances)
@@ -351,6 +351,8 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
         results["headline"] = _headline(results)
         total = time.monotonic() - start
         results["wall_s"] = {"total": total, **wall, "other": max(0.0, total - sum(wall.values()))}  # parts sum to total
+        # what the times and scores were measured on: CPU flags, kernels, and the dtype the policy was served in
+        results["machine"] = {**machine(), "dtype": str(model.get_input_embeddings().weight.dtype).removeprefix("torch.")}
         (run_dir / "summary.json").write_text(json.dumps(results, indent=2))
     finally:
         logger.close()  # writes report.html, with summary.json
