@@ -125,8 +125,25 @@ def test_engine_greedy_fast_against_stock(packaged_lora, dtype):
     diff, floor = against_scoring(fast), against_scoring(stock)
     assert float(diff.max()) <= max(0.5, 2 * float(floor.max())), (float(diff.max()), float(floor.max()))
     assert float(diff.mean()) <= max(0.06, 2 * float(floor.mean())), (float(diff.mean()), float(floor.mean()))
-    same = sum(f.completion_ids == s.completion_ids for f, s in zip(fast, stock))
-    assert same >= len(prompts) - 2, f"only {same} of {len(prompts)} greedy completions agree"
+    # Greedy tokens part where bf16 rounding flips a near-tie: on an AVX512-BF16 CPU one of the three distinct
+    # prompts parted (2 of 5 rows the same), which the old bound (at most 2 rows differ) failed. The bound now:
+    # where the paths part, the stock scoring of the shared prefix puts the two tokens within the rounding floor.
+    parted = 0
+    for p, f, s in zip(prompts, fast, stock):
+        f, s = list(f.completion_ids), list(s.completion_ids)
+        if f == s:
+            continue
+        parted += 1
+        j = next((i for i, (a, b) in enumerate(zip(f, s)) if a != b), min(len(f), len(s)))
+        if j == min(len(f), len(s)):
+            continue  # one stopped where the other went on: a near-tie with the end-of-turn token, past the prefix
+        items = [SAWItem(tuple(p), tuple(f[:j + 1]), 1.0), SAWItem(tuple(p), tuple(s[:j + 1]), 1.0)]
+        with fastpath.scoped(False), torch.no_grad():
+            lp, _ = score_actions(model, collate(items, tok.pad_token_id), packed=False)
+        gap = abs(float(lp[j]) - float(lp[2 * j + 1]))  # each item's last token: the two paths' choices at j
+        assert gap <= max(0.5, 2 * float(floor.max())), (f"greedy paths parted at token {j} where the stock scores "
+                                                          f"differ by {gap:.3f}: not a near-tie")
+    assert parted < len(prompts), "every greedy completion parted"
 
 
 def _grpo_items(tok):

@@ -3,7 +3,7 @@ distribution whose log-probs it reports."""
 
 import torch
 
-from ludic.inference.transformers_engine import _generator, _inverse_cdf, _sample
+from ludic.inference.sampling import generator as _generator, inverse_cdf as _inverse_cdf, sample as _sample
 
 
 def _draw(logits, n, temp=1.0, top_p=1.0, top_k=0, seed0=0):

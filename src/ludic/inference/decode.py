@@ -109,7 +109,7 @@ class StaticDecoder:
         self._zero = torch.zeros(1, 1, 1, dtype=torch.float32, device=dev)
         mask = torch.zeros(P, L, dtype=torch.float32, device=dev).masked_fill_(attention_mask == 0, float("-inf"))
         for i in range(len(self.layers)):
-            k, v = _layer_kv(past, i)
+            k, v = layer_kv(past, i)
             if k.shape[0] != P or k.shape[-2] != L:
                 raise ValueError(f"prefilled cache layer {i} is {tuple(k.shape)}, the batch is {P} rows of {L}")
             if grouped:  # the prompt once per prompt, then generated keys in (prompt, kv head, row) order
@@ -431,7 +431,7 @@ def repack(view: Any) -> None:
             module.base.refresh()
 
 
-def _layer_kv(past: Any, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+def layer_kv(past: Any, i: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Layer ``i``'s keys and values of a transformers cache (5.x ``layers``, or legacy tuples)."""
     layers = getattr(past, "layers", None)
     if layers is not None:

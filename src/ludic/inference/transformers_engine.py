@@ -37,7 +37,6 @@ rows report temperature-1 log-probs. The trainer scores at the same T.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -48,7 +47,10 @@ from ludic.tokenization import MIN_SHARED_PREFIX, common_prefix_len, render_ids
 from ludic.inference.client import ChatRequest, ChatResponse, SamplingParams
 from ludic import fastpath
 from ludic.inference.decode import StaticDecoder, cast_adapter_view, repack
+from ludic.architectures import llama_like
 from ludic.inference.models import weights_step
+from ludic.inference.prefix_cache import PrefixCache, assemble, extract
+from ludic.inference.sampling import generator, sample
 from ludic.types import FinishReason, TokenTrace
 
 
@@ -86,6 +88,9 @@ class TransformersEngine:
             key/value cache written in place, one grouped attention matmul per layer) instead of the
             model's forward with transformers' dynamic cache; other architectures, and the fast path
             off (``ludic.fastpath``), always use the forward.
+        prefix_cache_bytes: most bytes of earlier prompts' keys and values kept (``inference.prefix_cache``), so
+            a dialog's next turn prefills only its new tokens; emptied when the weights move (0: off). Llama-family
+            models without a sliding window only (``architectures.llama_like``); others prefill every turn.
     """
 
     def __init__(
@@ -99,8 +104,10 @@ class TransformersEngine:
         cast_adapters: bool = True,
         threaded: bool = False,
         static_decode: bool = True,
+        prefix_cache_bytes: int = 2 << 30,
     ) -> None:
         self.model = model
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self.static_decode = static_decode
         self._static: tuple[Any, StaticDecoder | None] | None = None  # (decode module, its decoder)
         self.cast_adapters = cast_adapters
@@ -211,6 +218,7 @@ class TransformersEngine:
         snapshot). A version bump alone refreshes only the trainable tensors."""
         self._synced = None
         self._static = None
+        self.prefix_cache.clear()
 
     # -- batched generation -------------------------------------------------
     def generate(self, prompts: list[list[int]], sampling: list[SamplingParams]) -> list[ChatResponse]:
@@ -298,34 +306,44 @@ class TransformersEngine:
         row_of = torch.tensor(keys, device=dev)
         unique = [list(p) for p in distinct]
         U = len(unique)
-        L = common_prefix_len(unique)
-        L = L if L >= MIN_SHARED_PREFIX else 0
-        past = None
-        if L:
-            prefix = torch.tensor([unique[0][:L]], dtype=torch.long, device=dev)
-            past = model(input_ids=prefix, use_cache=True, logits_to_keep=_last(L, dev)).past_key_values
-            past.batch_repeat_interleave(U)
-        tails = [p[L:] for p in unique]
-        T = max(len(p) for p in tails)
-        input_ids = torch.full((U, T), self.pad_id, dtype=torch.long, device=dev)
-        attn = torch.zeros((U, L + T), dtype=torch.long, device=dev)
-        attn[:, :L] = 1
-        for i, p in enumerate(tails):  # left padding between the shared prefix and each tail
-            input_ids[i, T - len(p):] = torch.tensor(p, dtype=torch.long)
-            attn[i, L + T - len(p):] = 1
+        reuse = bool(self.prefix_cache.max_bytes) and llama_like(self.model)  # one full-length cache per layer
+        self.prefix_cache.sync((self.policy_version, weights_step(self.model)))
+        cached = [self.prefix_cache.longest(p) if reuse else (0, None) for p in unique]  # the dialogs' earlier turns
+        if any(n for n, _ in cached):
+            past, input_ids, attn, L = assemble(cached, [p[n:] for p, (n, _) in zip(unique, cached)], self.pad_id, dev)
+            T = input_ids.shape[1]
+        else:  # a prefix shared by every prompt (the system prompt) once, then left padding before each tail
+            L = common_prefix_len(unique)
+            L = L if L >= MIN_SHARED_PREFIX else 0
+            past = None
+            if L:
+                prefix = torch.tensor([unique[0][:L]], dtype=torch.long, device=dev)
+                past = model(input_ids=prefix, use_cache=True, logits_to_keep=_last(L, dev)).past_key_values
+                past.batch_repeat_interleave(U)
+            tails = [p[L:] for p in unique]
+            T = max(len(p) for p in tails)
+            input_ids = torch.full((U, T), self.pad_id, dtype=torch.long, device=dev)
+            attn = torch.zeros((U, L + T), dtype=torch.long, device=dev)
+            attn[:, :L] = 1
+            for i, p in enumerate(tails):
+                input_ids[i, T - len(p):] = torch.tensor(p, dtype=torch.long)
+                attn[i, L + T - len(p):] = 1
         positions = (attn.cumsum(-1) - 1).clamp(min=0)[:, L:]
 
         temps = torch.tensor([s.temperature for s in sampling], device=dev, dtype=torch.float32)
         top_ps = torch.tensor([s.top_p for s in sampling], device=dev, dtype=torch.float32)
         top_ks = torch.tensor([s.top_k for s in sampling], device=dev, dtype=torch.long)
         max_new = [s.max_tokens for s in sampling]
-        gens = [_generator(s.seed) for s in sampling]
+        gens = [generator(s.seed) for s in sampling]
 
         out = model(
             input_ids=input_ids, attention_mask=attn, position_ids=positions,
             past_key_values=past, use_cache=True, logits_to_keep=_last(T, dev),
         )
         past = out.past_key_values
+        if reuse:
+            for p, kv in zip(unique, extract(past, attn)):
+                self.prefix_cache.put(p, kv)
         logits = out.logits[:, -1, :].float()[row_of]
         steps = max(max_new)
         static = self._static_decoder(model)
@@ -352,7 +370,7 @@ class TransformersEngine:
 
         finished: list[int] = []
         for _ in range(steps):
-            chosen, chosen_logp = _sample(logits, temps, top_ps, top_ks, gens)
+            chosen, chosen_logp = sample(logits, temps, top_ps, top_ks, gens)
             ids, lps = chosen.tolist(), chosen_logp.tolist()
             version = self.policy_version
             finished = []
@@ -416,78 +434,6 @@ def _stop_token_ids(model: Any, tokenizer: Any) -> set[int]:
         elif isinstance(src, (list, tuple)):
             ids.update(int(x) for x in src)
     return ids
-
-
-def _generator(seed: int | None) -> torch.Generator:
-    g = torch.Generator()
-    g.manual_seed(seed if seed is not None else random.getrandbits(63))
-    return g
-
-
-def _sample(
-    logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor, top_ks: torch.Tensor,
-    gens: list[torch.Generator],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row temperature / top-k / top-p sampling by inverse CDF; temperature 0 is greedy.
-
-    logits: [B, V] float32 -> (token ids [B], their log-probs [B] in the distribution drawn from:
-    log_softmax of the scaled, truncated logits; temperature-1 log-probs for greedy rows). Each row
-    draws one uniform number from its own generator (``_inverse_cdf``), so a seeded row gives the
-    same token whatever else is in the batch. About 1 ms a step for 16 rows of a 49152-token
-    vocabulary, against 5.4 ms for Gumbel-max (V random numbers and two logs per row).
-    """
-    greedy = temps <= 0
-    scaled = logits
-    if bool((temps != 1).any()):
-        scaled = logits / torch.where(greedy, torch.ones_like(temps), temps.clamp(min=1e-6))[:, None]
-    if bool((top_ks > 0).any()):
-        k = top_ks.clamp(min=1, max=logits.shape[-1])
-        kth = scaled.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
-        scaled = scaled.masked_fill(((top_ks > 0) & ~greedy)[:, None] & (scaled < kth), float("-inf"))
-    if bool((top_ps < 1).any()):
-        probs = torch.softmax(scaled, dim=-1)
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= top_ps[:, None]  # keep the first token always
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted) & ~greedy[:, None]
-        scaled = scaled.masked_fill(drop, float("-inf"))
-    # probabilities up to their sum (exp of the max-shifted logits): the draw needs no normalised
-    # distribution, and the chosen token's log-prob is its shifted logit minus log(sum)
-    top = scaled.max(dim=-1, keepdim=True).values
-    probs = (scaled - top).exp_()
-    u = torch.tensor([torch.rand(1, generator=g, dtype=torch.float64).item() for g in gens],
-                     dtype=torch.float64, device=logits.device)
-    chosen, total = _inverse_cdf(probs, u)
-    if bool(greedy.any()):
-        chosen = torch.where(greedy, logits.argmax(dim=-1), chosen)
-    logp = scaled.gather(1, chosen[:, None])[:, 0] - top[:, 0] - total.log().float()
-    return chosen, logp
-
-
-def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each row of ``probs`` [B, V] (non-negative, not necessarily normalised), the index i with
-    cdf[i-1] <= u * total < cdf[i], for ``u`` [B] in [0, 1): a draw from the row's distribution that
-    never returns a zero-probability index; and the row's total [B] (float64). Two levels: the sums
-    of ``block``-token blocks (fp32 vectorised sums, about 1e-7 relative error, as the fp32
-    probabilities themselves have) and their float64 running total pick a block, then a float64
-    running sum inside that block only, onto which the residual is rescaled (the two sums of a block
-    differ by rounding). A full fp32 cumsum over V is a sequential pass and loses ~1e-5 of the mass
-    over 49152 terms; block sums in float64 (a cast of every probability) took 1.2 ms of a 2.5 ms
-    sampling step for 16 x 49152 logits, fp32 block sums 0.02 ms."""
-    B, V = probs.shape
-    nb = -(-V // block)
-    if nb * block != V:
-        probs = torch.nn.functional.pad(probs, (0, nb * block - V))
-    blocks = probs.view(B, nb, block)
-    sums = blocks.sum(-1)  # [B, nb] fp32
-    ends = sums.double().cumsum(-1)
-    target = (u * ends[:, -1])[:, None]
-    b = torch.searchsorted(ends, target, right=True).clamp(max=nb - 1)  # [B, 1]; its block has mass > 0
-    before = torch.where(b > 0, ends.gather(1, (b - 1).clamp(min=0)), torch.zeros_like(target))
-    inner = blocks[torch.arange(B, device=probs.device), b[:, 0]].double().cumsum(-1)  # [B, block]
-    resid = (target - before) * (inner[:, -1:] / sums.gather(1, b).double())
-    j = torch.searchsorted(inner, resid, right=True)
-    last = (inner < inner[:, -1:]).sum(-1, keepdim=True)  # the block's last index with mass (rounding guard)
-    return (b * block + torch.minimum(j, last))[:, 0], ends[:, -1]
 
 
 def _stop_string_text(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> str | None:
