@@ -187,3 +187,21 @@ def test_a_task_row_starts_from_the_mean_of_its_seeds_own_cold_starts(tmp_path, 
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| demo | 2 |"))
     # start: mean of 25% and 75% over 64 episodes (Wilson interval of 32/64); trained: mean 62.5%; gain +12.5
     assert row.startswith("| demo | 2 | 50.0% (38.1%-61.9%) | 62.5% ") and "| +12.5 (" in row, row
+
+
+def test_a_task_that_collapsed_to_one_answer_and_lost_stays_in_the_mean(tmp_path, capsys):
+    """Was: any task with a seed that gave one answer to almost every question left the mean gain. That is right
+    for letter_counting (the constant answer 1 made its +54.7), wrong for gcd 2-99 (seed 2 answered 2 to every
+    question and lost 3.1 points): leaving out a failure raised the mean from +15.5 to +18.4. A collapse is left
+    out only when it gained."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "examples" / "study"
+    table = _study_table(root)
+    for run in ("gcd99-s0", "gcd99-s1", "gcd99-s2", "letter_counting-s0"):
+        shutil.copytree(root / "results" / run, tmp_path / run)
+    table.main(tmp_path)
+    out = capsys.readouterr().out
+    assert "Mean gain over 1 task(s)" in out and "-2.1 points" in out, out[-600:]
+    assert "left out: letter_counting (" in out and "gcd99 (" not in out.split("left out:")[1]

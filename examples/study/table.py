@@ -140,7 +140,9 @@ def main(root: Path) -> None:
         mean, lo, hi = trained["success_rate"], trained["success_ci95_low"], trained["success_ci95_high"]
         constant = any(answers[t, seed][1].get("top_answer_share", 0.0) >= COLLAPSED_SHARE
                        for t, seed, _ in runs if t == task)
-        (left_out if constant else gains).append((task, mean - start["success_rate"]))
+        # a collapse onto one answer leaves the mean only when it gained (the answers' base rate, not the task); a
+        # collapse that lost is RL failing at the task, and counts
+        (left_out if constant and mean > start["success_rate"] else gains).append((task, mean - start["success_rate"]))
         print(f"| {task} | {len(summaries)} | {ci(start)} | {pct(mean)} ({pct(lo)}-{pct(hi)}) | "
               f"{gain(start, mean, lo, hi)} | {'yes' if mean > start['success_ci95_high'] else 'no'} | "
               f"{'**yes**: one answer to almost every question' if constant else 'no'} |")
@@ -149,7 +151,7 @@ def main(root: Path) -> None:
               f"two-player task against the opponent it trained against): "
               f"{100 * statistics.fmean(g for _, g in gains):+.1f} points"
               + (f"; left out: {', '.join(t for t, _ in left_out)} (the policy gave one answer to almost every "
-                 "question: the answers' base rate, not the task)." if left_out else "."))
+                 "question and gained: the answers' base rate, not the task)." if left_out else "."))
     for task, seed, s in [(t, seed, s) for t, seed, s in runs if s.get("opponents")]:
         print(f"\n{task} seed {seed}, test deals against each opponent (success with its interval; wins in play / "
               "by the opponent's invalid move):\n")
