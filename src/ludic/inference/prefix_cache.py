@@ -59,9 +59,10 @@ class PrefixCache:
         prefill, whose logits start the reply): its length and cache, or ``(0, None)``."""
         if self.max_bytes > 0:
             for n in sorted((n for n in self.lengths if n < len(prompt)), reverse=True):
-                hit = self.entries.get(tuple(prompt[:n]))
+                key = tuple(prompt[:n])
+                hit = self.entries.get(key)
                 if hit is not None:
-                    self.entries.move_to_end(tuple(prompt[:n]))
+                    self.entries.move_to_end(key)
                     self.stats["hits"] += 1
                     self.stats["reused_tokens"] += n
                     return n, hit[0]
