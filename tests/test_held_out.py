@@ -72,6 +72,8 @@ def test_a_tiny_instance_space_is_labelled_trained_instances(tiny_model_dir, tmp
     # what the run was measured on (docs/study.md says each summary.json has it; it had not)
     assert summary["machine"]["dtype"] in ("float32", "bfloat16") and summary["machine"]["cpus"] >= 1
     assert "kernels" in summary["machine"] and "isa" in summary["machine"]
+    # the CPU's model name too: an Intel Xeon limited to AVX2 ran 1.5x the steps of an AMD EPYC with AVX2
+    assert "cpu_model" in summary["machine"]
 
 
 @pytest.mark.slow
@@ -205,3 +207,33 @@ def test_a_task_that_collapsed_to_one_answer_and_lost_stays_in_the_mean(tmp_path
     out = capsys.readouterr().out
     assert "Mean gain over 1 task(s)" in out and "-2.1 points" in out, out[-600:]
     assert "left out: letter_counting (" in out and "gcd99 (" not in out.split("left out:")[1]
+
+
+def test_a_two_player_task_is_shown_over_its_seeds_against_every_opponent(tmp_path, capsys):
+    """A two-player task's seeds, averaged per opponent (each seed's gain is over its own base: the random player's
+    moves differ by seed), and the mean gain again with the task counted against the random player it never
+    trained against, beside the one counted against the frozen start it trained against."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "examples" / "study"
+    table = _study_table(root)
+    shutil.copytree(root / "results" / "chain_sum-s0", tmp_path / "chain_sum-s0")  # +17.2
+    for seed, (rb, rt) in enumerate(((0.25, 0.5), (0.125, 0.25))):
+        shutil.copytree(root / "results" / "chain_sum-s0", tmp_path / f"poker-s{seed}")
+        s = json.loads((tmp_path / f"poker-s{seed}" / "summary.json").read_text())
+        s["base"] = {**s["base"], "success_rate": 0.5}
+        s["trained"] = {**s["trained"], "success_rate": 0.875}  # +37.5 against the frozen start
+        s["opponents"] = {"random": {"base": {**s["base"], "success_rate": rb},
+                                     "trained": {**s["trained"], "success_rate": rt}},
+                          "league": {"trained": {**s["trained"], "success_rate": 0.5}}}  # no base: no row
+        (tmp_path / f"poker-s{seed}" / "summary.json").write_text(json.dumps(s))
+    table.main(tmp_path)
+    out = capsys.readouterr().out
+    assert "poker over its 2 seed(s), test deals against each opponent" in out
+    assert "| frozen start (trained against) | 50.0% | 87.5% | +37.5 |" in out
+    assert "| random | 18.8% | 37.5% | +18.8 |" in out  # gains +25.0 and +12.5
+    assert "| league |" not in out.split("over its 2 seed(s)")[1].split("seed 0, test deals")[0]
+    assert "Mean gain over 2 task(s)" in out and "+27.3 points" in out  # (17.2 + 37.5) / 2
+    assert "counted against the uniformly random legal player it never trained against: +18.0 points" in out

@@ -35,10 +35,23 @@ def test_summary_of_two_problems_with_four_samples_each_by_hand():
     assert m["pass@4"] == 1.0 and "pass@3" not in m
     assert m["cons@4"] == 0.5 and (m["cons@4_ci95_low"], m["cons@4_ci95_high"]) == wilson_interval(1, 2)
     assert m["ci95_method"] == {"success_rate": "bootstrap", "pass@1": "bootstrap", "pass@2": "bootstrap",
-                                "pass@4": "wilson", "cons@4": "wilson", "reward_mean": "normal"}
+                                "pass@4": "wilson", "cons@4": "wilson", "mixed@4": "wilson", "reward_mean": "normal"}
     assert m["success_ci95_low"] <= m["success_rate"] <= m["success_ci95_high"]
     assert sample_summary(a + b, seed=1)["pass@2"] == m["pass@2"]
     assert all(m[f"pass@{k}"] <= m[f"pass@{2 * k}"] for k in (1, 2))
+
+
+def test_mixed_at_k_is_the_share_of_instances_whose_samples_disagree():
+    """mixed@K: the instances where some of the K samples succeeded and some failed, the ones a GRPO group of K
+    samples learns from under a success reward (all alike: every advantage 0). It tells how much signal a sampling
+    temperature gives where pass@1 and pass@K do not: pass@K counts an instance solved 8 times of 8 too."""
+    right = [_o("A", i, 1) for i in range(4)]  # 4 of 4: no signal
+    wrong = [_o("B", i, 0) for i in range(4)]  # 0 of 4: no signal
+    mixed = [_o("C", i, int(i == 2)) for i in range(4)]  # 1 of 4: signal
+    m = sample_summary(right + wrong + mixed)
+    assert m["mixed@4"] == pytest.approx(1 / 3) and (m["mixed@4_ci95_low"], m["mixed@4_ci95_high"]) == wilson_interval(1, 3)
+    assert m["pass@4"] == pytest.approx(2 / 3)
+    assert "mixed@1" not in sample_summary([_o("A", 0, 1), _o("B", 0, 0)])  # one sample: nothing to disagree
 
 
 def test_summary_without_answers_has_no_vote_and_uneven_problems_report_the_fewest_samples():

@@ -13,6 +13,9 @@ train env``'s test stages (``recipes.env_setup.summarize``), ``ludic train qa`` 
   sets, else ``info["predicted"]``, which the QA env sets; a hedged reply, ``info["hedged"]``, does not vote): the
   most common answer among a problem's samples (ties: the one sampled first) is scored with what the env scored
   for it (the problem counts as solved when a sample giving that answer succeeded);
+- ``mixed@K``: the share of problems whose samples both succeeded and failed, the ones a GRPO group of K samples
+  would learn from under a success reward (a group whose samples all agree has every advantage 0): the signal a
+  sampling temperature gives, which pass@1 and pass@K do not show;
 - ``reward_mean``, over the samples that did not fail, with a normal interval over problems;
 - where episodes name their reference answer (``info["reference"]``: reasoning-gym and the QA env), the best
   constant answer's score, ``constant_answer`` and ``constant_answer_rate`` (the share of problems whose reference
@@ -132,6 +135,8 @@ def sample_summary(outcomes: Sequence[SampleOutcome], ks: Sequence[int] | None =
         put(f"pass@{k}", [pass_at_k(len(g), sum(o.success for o in g), k) for g in groups])
     if k_max > 1 and any(o.answer is not None for o in outcomes):
         put(f"cons@{k_max}", [float(bool(v and v[1])) for v in map(majority_vote, groups)])
+    if k_max > 1:
+        put(f"mixed@{k_max}", [float(0 < sum(o.success for o in g) < len(g)) for g in groups])
     rewards = [statistics.fmean(r) for g in groups if (r := [o.reward for o in g if o.reward is not None])] or [0.0]
     mean = statistics.fmean(rewards)
     half = Z95 * statistics.pstdev(rewards) / math.sqrt(len(rewards)) if len(rewards) > 1 else 0.0
@@ -173,10 +178,14 @@ def format_answer_spread(m: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+SAMPLE_METRICS = ("pass@", "cons@", "mixed@")
+"""The summary's metrics that exist only with several samples per problem (names start with these)."""
+
+
 def format_sample_metrics(m: dict[str, Any]) -> str:
-    """One line of a summary's pass@k and majority vote with their intervals (empty when it has none)."""
+    """One line of a summary's pass@k, majority vote and mixed@K with their intervals (empty when it has none)."""
     parts = [f"{k} {m[k] * 100:.1f}% ({m[k + '_ci95_low'] * 100:.1f}-{m[k + '_ci95_high'] * 100:.1f}%)"
-             for k in m if k.startswith(("pass@", "cons@")) and not k.endswith(("_low", "_high"))]
+             for k in m if k.startswith(SAMPLE_METRICS) and not k.endswith(("_low", "_high"))]
     if not parts:
         return ""
     return (f"{m['problems']} problems x {m['samples']} samples: " + ", ".join(parts)

@@ -135,16 +135,18 @@ class StepBudget:
 
 
 def machine() -> dict[str, Any]:
-    """What the timings were taken on."""
+    """What the timings were taken on: the CPU (its model name: two machines with the same flags can differ 1.5x in
+    steps per minute), its vector extensions and the ones torch was limited to, threads, torch and the GPU."""
     import os
     import platform
 
     import torch
 
-    flags = ""
+    flags, model = "", ""
     try:
-        text = Path("/proc/cpuinfo").read_text()
-        flags = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        flags = next((ln for ln in lines if ln.startswith("flags")), "")
+        model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
     except OSError:
         pass
     isa = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in flags]
@@ -152,7 +154,8 @@ def machine() -> dict[str, Any]:
                if k in os.environ}
     return {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "isa": isa,
             "kernels": torch.backends.cpu.get_cpu_capability(), "isa_limits": limited,
-            "processor": platform.processor() or platform.machine(), "torch": torch.__version__,
+            "processor": platform.processor() or platform.machine(), "cpu_model": model or None,
+            "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 

@@ -131,7 +131,7 @@ def _outcome(r: Rollout) -> dict[str, Any]:
 def qa_metrics(outcomes: Sequence[dict], samples: int, ks: Sequence[int]) -> dict[str, Any]:
     """accuracy (mean over samples) with its 95% interval over records, pass@k (k in ``ks`` up to ``samples``) and
     majority vote over the parsed answers (``eval.samples.sample_summary``), parse-error rate."""
-    from ludic.eval.samples import SampleOutcome, normalize_answer, sample_summary
+    from ludic.eval.samples import SAMPLE_METRICS, SampleOutcome, normalize_answer, sample_summary
 
     drawn: dict[Any, int] = {}  # samples of each record so far
     samples_of = []
@@ -148,7 +148,7 @@ def qa_metrics(outcomes: Sequence[dict], samples: int, ks: Sequence[int]) -> dic
         "parse_error_rate": sum(o["parse_error"] for o in outcomes) / n,
         "failed_rate": sum(o["failed"] for o in outcomes) / n,
         "tool_calls_per_episode": sum(o["tool_calls"] for o in outcomes) / n,
-        **{k: v for k, v in m.items() if k.startswith(("pass@", "cons@"))},
+        **{k: v for k, v in m.items() if k.startswith(SAMPLE_METRICS)},
         "ci95_method": {("accuracy" if k == "success_rate" else k): v for k, v in m["ci95_method"].items()
                         if k != "reward_mean"},
     }
