@@ -94,13 +94,6 @@ def opponent_rows(summaries: list[dict]) -> list[tuple[str, list[tuple[float, fl
     return rows
 
 
-def random_gain(summaries: list[dict]) -> float | None:
-    """A two-player task's gain against the uniformly random legal player (each seed's trained minus its own base,
-    averaged), or None when a seed did not measure it."""
-    row = dict(opponent_rows(summaries)).get("random")
-    return None if row is None else statistics.fmean(t - b for b, t in row)
-
-
 def given(a: dict) -> str:
     """The answers a stage gave: how many distinct ones, the most common and its share of the episodes."""
     if "distinct_answers" not in a:
@@ -171,17 +164,22 @@ def main(root: Path) -> None:
               f"{100 * statistics.fmean(g for _, g in gains):+.1f} points"
               + (f"; left out: {', '.join(t for t, _ in left_out)} (the policy gave one answer to almost every "
                  "question and gained: the answers' base rate, not the task)." if left_out else "."))
-    two_player = {task: summaries for task, summaries in by_task.items() if all(s.get("opponents") for s in summaries)}
-    for task, summaries in two_player.items():
+    against_random: dict[str, float | None] = {}  # a two-player task's gain against the random player (None: unmeasured)
+    for task, summaries in by_task.items():
+        if not all(s.get("opponents") for s in summaries):
+            continue
         print(f"\n{task} over its {len(summaries)} seed(s), test deals against each opponent (the mean of the seeds' "
               "success; the gain is each seed's trained minus its own base, averaged):\n")
         print("| opponent | base | trained | gain |")
         print("|---|---|---|---|")
+        against_random[task] = None
         for name, per_seed in opponent_rows(summaries):
             base, trained = [statistics.fmean(x) for x in zip(*per_seed)]
             print(f"| {name} | {pct(base)} | {pct(trained)} | {100 * (trained - base):+.1f} |")
-    random_gains = [random_gain(by_task[task]) if task in two_player else g for task, g in gains]
-    if two_player and gains and None not in random_gains:
+            if name == "random":
+                against_random[task] = trained - base
+    random_gains = [against_random[task] if task in against_random else g for task, g in gains]
+    if against_random and gains and None not in random_gains:
         print(f"\nThe same mean gain with each two-player task counted against the uniformly random legal player it "
               f"never trained against: {100 * statistics.fmean(random_gains):+.1f} points.")
     for task, seed, s in [(t, seed, s) for t, seed, s in runs if s.get("opponents")]:
