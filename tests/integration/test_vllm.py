@@ -114,13 +114,18 @@ async def long_request(http: httpx.AsyncClient) -> AsyncIterator[asyncio.Task]:
             await task
 
 
-async def until(http: httpx.AsyncClient, ok, timeout_s: float = 60.0) -> None:
-    """Poll /ludic/policy until ``ok(policy)``."""
+async def until(http: httpx.AsyncClient, ok, timeout_s: float = 60.0, server: VLLMServerProcess | None = None) -> None:
+    """Poll /ludic/policy until ``ok(policy)``; a timeout shows the last policy seen and, given
+    the server, what its own log lines say (which weight routes ran, who held the lock)."""
+    policy: dict = {}
     for _ in range(int(timeout_s / 0.05)):
-        if ok((await http.get("/ludic/policy")).json()):
+        if ok(policy := (await http.get("/ludic/policy")).json()):
             return
         await asyncio.sleep(0.05)
-    raise TimeoutError(f"/ludic/policy never satisfied the condition within {timeout_s}s")
+    ludic_lines = [] if server is None else [
+        ln for ln in server.log_path.read_text().splitlines() if "(LudicServer)" in ln]
+    raise TimeoutError(f"/ludic/policy never satisfied the condition within {timeout_s}s; last seen "
+                       f"{policy}; the server's own lines: {ludic_lines[-20:]}")
 
 
 def client(server: VLLMServerProcess, **kw) -> VLLMChatClient:
@@ -434,6 +439,9 @@ async def test_full_weight_push(server: VLLMServerProcess, model_dir: Path, base
                       headers={"Authorization": f"Bearer {TOKEN}"})
     assert resp.status_code == 400 and "do not match" in resp.text
     assert (await greedy(c)).trace.completion_ids == base_greedy  # still serving
+    # The server's own log says what each weight route did (an operator's only record of a swap).
+    log = server.log_path.read_text()
+    assert f"(LudicServer) INFO policy -> full weights from {weights_root / 'full'}" in log, log[-3000:]
 
 
 async def test_nccl_finish_releases_only_its_own_hold(server: VLLMServerProcess, base_weights: Path) -> None:
@@ -444,7 +452,7 @@ async def test_nccl_finish_releases_only_its_own_hold(server: VLLMServerProcess,
     async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=300) as http:
         async with long_request(http):
             update = asyncio.create_task(http.post("/ludic/update_weights", json={"path": str(base_weights)}))
-            await until(http, lambda p: p["updating"] == "full_weights")  # it holds the lock, draining
+            await until(http, lambda p: p["updating"] == "full_weights", server=server)  # it holds the lock, draining
             fin = await http.post("/ludic/nccl/finish", json={"version": 10**6})
             assert fin.status_code == 409 and "no NCCL weight update" in fin.text, (fin.status_code, fin.text)
             upd = await http.post("/ludic/nccl/update", json={"update_info": {}})
@@ -496,7 +504,8 @@ async def test_push_retried_after_a_read_timeout_succeeds(server: VLLMServerProc
         async with long_request(http):
             push = asyncio.create_task(asyncio.to_thread(pub.publish_folder, base_weights, v + 1))
             # attempt 1 holds the lock, draining (a push that ended first says why in the failure)
-            await until(http, lambda p: p["updating"] == "full_weights" or push.done(), timeout_s=180.0)
+            await until(http, lambda p: p["updating"] == "full_weights" or push.done(), timeout_s=180.0,
+                        server=server)
             assert not push.done(), (push.exception() or push.result(), server.log_path.read_text()[-3000:])
             await asyncio.sleep(2.0)  # past the publisher's 1 s read timeout: attempt 1 has given up
             assert not push.done()

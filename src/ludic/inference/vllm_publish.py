@@ -4,6 +4,7 @@ path, upload or NCCL (``VLLMFullWeightsPublisher``, ``NCCLTransport``); retries,
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -19,6 +20,8 @@ import torch
 from ludic.inference.models import is_peft, unwrap
 from ludic.inference.publish import PublishError, _skipped, merged_state_dict, prune_versions
 from ludic.inference.wire import auth_headers, client_token
+
+logger = logging.getLogger(__name__)
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 """Answers after which a push is retried (with the same version: a repeat of an applied push is
@@ -71,7 +74,10 @@ class _HTTPPublisher:
         failure: PublishError | str = "no attempt"  # what the last attempt got
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                wait = self.backoff_s * 2 ** (attempt - 1)
+                logger.warning("%s %s%s: attempt %d of %d failed (%s); retrying in %.2fs", method, url,
+                               path, attempt, self.retries + 1, failure, wait)
+                time.sleep(wait)
             t0 = time.perf_counter()
             try:
                 r = httpx.request(method, url + path, headers=headers, timeout=self.timeout_s, **kw)

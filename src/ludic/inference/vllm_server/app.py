@@ -141,6 +141,20 @@ def prepare_args(argv: list[str]) -> tuple[Any, str | None]:
     return args, token
 
 
+def log_ludic_routes() -> None:
+    """Send the server's own lines (what each weight route did) to stderr at INFO, beside
+    vLLM's. ``logging.basicConfig`` would not: vLLM has configured the root logger already,
+    which made it a no-op and left every swap unrecorded in the server log."""
+    log = logging.getLogger("ludic")
+    if not any(getattr(h, "ludic_server", False) for h in log.handlers):
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("(LudicServer) %(levelname)s %(message)s"))
+        handler.ludic_server = True  # type: ignore[attr-defined]
+        log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
 def main(argv: list[str] | None = None) -> None:
     # Must be set before vLLM reads its environment.
     os.environ.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
@@ -160,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     cli_env_setup()
     args, token = prepare_args(argv)
     configure_logging_from_args(args)
-    logging.basicConfig(level=logging.INFO, format="(LudicServer) %(levelname)s %(message)s")
+    log_ludic_routes()
 
     original_build_app, original_init_app_state = entry.build_app, entry.init_app_state
 

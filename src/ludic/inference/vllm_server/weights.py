@@ -198,6 +198,9 @@ def install_weight_routes(app: Any, args: Any, state: PolicyState, allowed: Allo
             _check_weights_folder(folder, reference)
         except ValueError as e:
             return fail(400, str(e))
+        holder = state.lock.holder
+        logger.info("full weights from %s asked for (version %s)%s", folder, data.get("version"),
+                    f"; waiting for the update lock held by {holder.owner}" if holder else "")
         async with state.lock.hold("full_weights"):
             version = admit(data, source)
             if not isinstance(version, int):
