@@ -8,6 +8,9 @@
 #
 #   bash examples/study/study.sh [seeds...]           (default: 0 1 2; each task runs all its seeds before the next task)
 #   TASKS="chain_sum products12" bash examples/study/study.sh 1     (only these tasks; unknown names are an error)
+#   EXTRA="--prompts-per-step 8" KEEP=examples/study/results_defaults/p8 OUT=runs/study_p8 \
+#     TASKS=products12 bash examples/study/study.sh 2     (a default changed: the same tasks with these flags added,
+#                                                          kept apart from the study's results)
 set -u
 SEEDS=${*:-0 1 2}
 ALL_TASKS="chain_sum gcd99 gem_guess_random indian_poker1 calculator basic_arith2 products12"
@@ -16,12 +19,14 @@ for t in $TASKS; do
   case " $ALL_TASKS " in *" $t "*) ;; *) echo "unknown task '$t' in TASKS; the tasks are: $ALL_TASKS" >&2; exit 2;; esac
 done
 OUT=${OUT:-runs/study}
-KEEP=examples/study/results
+KEEP=${KEEP:-examples/study/results}
+EXTRA=${EXTRA:-}
 mkdir -p "$OUT" "$KEEP"
 train() {  # task, seed, then ludic train env flags
   name=$1; s=$2; shift 2
   [ -f "$KEEP/$name-s$s/summary.json" ] && return
-  ludic train env "$@" --seed "$s" --run-dir "$OUT/$name-s$s" --logger print > "$OUT/$name-s$s.log" 2>&1
+  # shellcheck disable=SC2086  # EXTRA is a list of flags
+  ludic train env "$@" $EXTRA --seed "$s" --run-dir "$OUT/$name-s$s" --logger print > "$OUT/$name-s$s.log" 2>&1
   code=$?
   [ $code -eq 0 ] || echo "$name seed $s exited $code: see $OUT/$name-s$s.log"
   if [ -f "$OUT/$name-s$s/summary.json" ]; then
