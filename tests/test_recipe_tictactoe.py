@@ -224,6 +224,29 @@ def test_position_batches_repeat_the_focus_up_to_its_share():
     assert batch_boards([], [], replay, cfg, random.Random(0)) == []
 
 
+def test_replay_trained_revisits_the_decisions_earlier_rounds_fixed():
+    """replay="trained": a round's replay share goes to the focus positions of earlier rounds (measured: a
+    decision fixed in round 1 and not drawn in round 2 was forgotten by round 3), not to uniform teacher
+    positions (even when they sit in the failure pool, which keeps every old mistake: measured, a pool of 400
+    behind 41 focus positions never drew them); with none yet, or replay="teacher", the teacher positions."""
+    from ludic.tictactoe.synth import teacher_positions
+    from ludic.tictactoe.position_rl import PositionRLConfig, round_sets
+
+    boards = teacher_positions()
+    teacher = boards[:100]
+    cfg = PositionRLConfig(replay="trained")
+    focus, pool, replay = round_sets(boards[:3], boards[3:10], teacher, past_focus=[], cfg=cfg)
+    assert focus == boards[:3] and pool == boards[3:10] and replay == teacher[10:]
+    past = boards[:2] + boards[200:205] + boards[5:7]  # two are focus again now: they are not replay too
+    focus, pool, replay = round_sets(boards[1:3], boards[3:10], teacher, past_focus=past, cfg=cfg)
+    assert replay == [boards[0]] + boards[200:205] + boards[5:7]  # two were in the pool: replayed, not pooled
+    assert focus == boards[1:3] and pool == boards[3:5] + boards[7:10]
+    plain = round_sets(boards[1:3], boards[3:10], teacher, past_focus=past, cfg=PositionRLConfig())[2]
+    assert plain == [b for b in teacher if b not in boards[1:10]]
+    with pytest.raises(ValueError, match="replay must be one of"):
+        round_sets([], [], teacher, past_focus=[], cfg=PositionRLConfig(replay="everything"))
+
+
 def test_position_grpo_with_kl_keeps_solved_groups_and_reports_kl(tiny_model_dir, tmp_path):
     """kl_coef > 0: every group is trained on (solved ones carry only the KL anchor to the policy
     RL started from, the adapter switched off), and the step reports the KL; without it the

@@ -139,6 +139,8 @@ def test_an_unknown_reward_is_refused_before_anything_runs(tmp_path):
 
     with pytest.raises(ValueError, match="--reward must be move or outcome"):
         recipe(RecipeConfig(model="unused", run_dir=str(tmp_path / "r"), reward="win"))
+    with pytest.raises(ValueError, match="--rl-replay must be one of"):
+        recipe(RecipeConfig(model="unused", run_dir=str(tmp_path / "r"), rl_replay="all"))
 
 
 def test_rl_that_collapsed_stops_instead_of_sampling_out_the_budget(tiny_model_dir, tmp_path):
@@ -182,3 +184,24 @@ def test_a_cold_start_of_one_pass_or_less_does_not_fill_the_frozen_bottom_cache(
     assert not bottom_cache_pays(15, samples=1340, items=1340)  # one pass: each item once, no reuse
     assert bottom_cache_pays(15, samples=15 * 335, items=335)  # the solver's 15 epochs
     assert not bottom_cache_pays(0, samples=15 * 335, items=335)  # nothing frozen, nothing to cache
+
+
+def test_teacher_none_takes_the_modes_own_defaults_and_flags_still_win():
+    """``ludic recipe tictactoe --teacher none`` parses with REWARDS_ONLY_DEFAULTS (what was measured to learn
+    in this mode), a flag given overrides one of them, and the solver path keeps the plain defaults."""
+    import pytest
+
+    from ludic.cli import recipe_tictactoe_config
+    from ludic.config import parse_config
+    from ludic.tictactoe.recipe import REWARDS_ONLY_DEFAULTS, RecipeConfig, rewards_only_config
+
+    plain = RecipeConfig()
+    assert all(getattr(plain, k) != v for k, v in REWARDS_ONLY_DEFAULTS.items())  # each is a real change
+    mode = recipe_tictactoe_config(["--teacher", "none"])
+    assert mode.teacher == "none" and all(getattr(mode, k) == v for k, v in REWARDS_ONLY_DEFAULTS.items())
+    assert mode == rewards_only_config()
+    given = recipe_tictactoe_config(["--teacher=none", "--no-show-moves", "--rl-lr", "5e-4"])
+    assert given.show_moves is False and given.rl_lr == 5e-4 and given.rl_explore == REWARDS_ONLY_DEFAULTS["rl_explore"]
+    assert recipe_tictactoe_config(["--seed", "1"]) == RecipeConfig(seed=1)
+    with pytest.raises(ValueError, match="no field"):
+        parse_config(RecipeConfig, [], defaults={"rl_lrr": 1.0})

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 from ludic.config import parse_config
 
@@ -134,16 +134,35 @@ def _dpo(argv: list[str]) -> None:
     print(json.dumps({k: v for k, v in out.items() if isinstance(v, (int, float, str))}, indent=2))
 
 
+def _flag(argv: list[str], flag: str, default: str) -> str:
+    """The value ``argv`` gives ``flag`` (``--flag v`` or ``--flag=v``; the last one wins, as argparse), or ``default``."""
+    found = default
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif a.startswith(flag + "="):
+            found = a.split("=", 1)[1]
+    return found
+
+
+def recipe_tictactoe_config(argv: list[str]) -> Any:
+    """``ludic recipe tictactoe``'s flags parsed: a ``SeedRecipeConfig`` for ``--ctx truncated`` (the seed's own
+    workflow), else a ``RecipeConfig``, with ``REWARDS_ONLY_DEFAULTS`` as the defaults under ``--teacher none``."""
+    from ludic.tictactoe.recipe import REWARDS_ONLY_DEFAULTS, RecipeConfig
+    from ludic.tictactoe.seed_recipe import SeedRecipeConfig
+
+    if _flag(argv, "--ctx", "last") != "last":  # multi-turn prompts, rejection sampling, GRPO on games
+        return parse_config(SeedRecipeConfig, argv, prog="ludic recipe tictactoe --ctx truncated")
+    mode = REWARDS_ONLY_DEFAULTS if _flag(argv, "--teacher", "solver") == "none" else None
+    return parse_config(RecipeConfig, argv, prog="ludic recipe tictactoe", defaults=mode)
+
+
 def _recipe_tictactoe(argv: list[str]) -> None:
     from ludic.tictactoe.recipe import RecipeConfig, recipe
-    from ludic.tictactoe.seed_recipe import SeedRecipeConfig, seed_recipe
+    from ludic.tictactoe.seed_recipe import seed_recipe
 
-    ctx = next((v for k, v in zip(argv, argv[1:]) if k == "--ctx"),
-               next((a.split("=", 1)[1] for a in argv if a.startswith("--ctx=")), "last"))
-    if ctx != "last":  # the seed's own workflow (multi-turn prompts, rejection sampling, GRPO on games)
-        report = seed_recipe(parse_config(SeedRecipeConfig, argv, prog="ludic recipe tictactoe --ctx truncated"))
-    else:
-        report = recipe(parse_config(RecipeConfig, argv, prog="ludic recipe tictactoe"))
+    cfg = recipe_tictactoe_config(argv)
+    report = recipe(cfg) if isinstance(cfg, RecipeConfig) else seed_recipe(cfg)
     print(json.dumps({"results": report["results"], "seconds": report["seconds"]}, indent=2))
 
 

@@ -137,11 +137,18 @@ def dataclass_from_args(cls: type[T], ns: argparse.Namespace) -> T:
     return cls(**values)  # type: ignore[arg-type]
 
 
-def parse_config(cls: type[T], argv: list[str] | None = None, prog: str | None = None) -> T:
-    """Parse ``argv`` into ``cls``. A command's ``--no-fast-path`` (a ``fast_path`` field, in the config
-    or a section) turns Ludic's hand-written fast path off for the whole process (``ludic.fastpath``)."""
+def parse_config(cls: type[T], argv: list[str] | None = None, prog: str | None = None,
+                 defaults: dict[str, Any] | None = None) -> T:
+    """Parse ``argv`` into ``cls``. ``defaults`` (field name -> value) replace the dataclass's own defaults,
+    e.g. a mode's (flags given in ``argv`` still win). A command's ``--no-fast-path`` (a ``fast_path`` field,
+    in the config or a section) turns Ludic's hand-written fast path off for the whole process (``ludic.fastpath``)."""
     parser = argparse.ArgumentParser(prog=prog, description=(cls.__doc__ or "").strip().split("\n")[0])
     add_dataclass_args(parser, cls)
+    if defaults:
+        unknown = sorted(set(defaults) - {a.dest for a in parser._actions})
+        if unknown:
+            raise ValueError(f"parse_config: {cls.__name__} has no field(s) {unknown} to take a default for")
+        parser.set_defaults(**defaults)
     cfg = dataclass_from_args(cls, parser.parse_args(argv))
     if not _fast_path(cfg):
         from ludic import fastpath

@@ -99,6 +99,8 @@ async def score_positions(client: ChatClient, boards: Sequence[ttt.Board], view:
 
 
 EXPLORE_MODES = ("hotter", "uniform")
+REPLAY_FROM = ("teacher", "trained")
+"""Where a batch's replay share is drawn from (``PositionRLConfig.replay``)."""
 """How a group's exploring samples are drawn (``PositionRLConfig.explore``)."""
 
 
@@ -133,6 +135,10 @@ class PositionRLConfig:
     replay_fraction: float = 0.25
     """Share of each batch drawn from ``replay`` positions (already right: sampled mistakes
     there are corrected too, which guards against forgetting)."""
+    replay: str = "teacher"
+    """Where the replay share comes from (``round_sets``): ``teacher``, the ``replay`` positions ``run`` is
+    given (uniform over them); ``trained``, the focus positions of earlier ``run`` calls (the decisions earlier
+    rounds fixed, which a round that never draws them overwrites), the given ones only while there are none."""
     focus_share: float = 0.0
     """Least share of each batch's groups given to ``focus`` positions: when there are fewer focus
     positions than that, they are repeated (several groups of the same decision), so the last few
@@ -175,6 +181,8 @@ class PositionGRPO:
         self.replay: list[ttt.Board] = []
         self.rng = random.Random(cfg.seed)
         self.steps = 0
+        self.past_focus: list[ttt.Board] = []
+        """Focus positions of earlier ``run`` calls, first seen first (``replay="trained"`` replays them)."""
 
         if cfg.explore not in EXPLORE_MODES:
             raise ValueError(f"PositionRLConfig.explore must be one of {EXPLORE_MODES}, got {cfg.explore!r}")
@@ -200,14 +208,29 @@ class PositionGRPO:
         """``steps`` batches (optimizer steps when any group carries signal). A batch takes the
         ``focus`` positions first (all of them when they fit), fills up from ``pool``, and adds
         ``replay_fraction`` of ``replay`` positions."""
-        self.focus = list(dict.fromkeys(focus))
-        taken = set(self.focus)
-        self.pool = [b for b in dict.fromkeys(pool) if b not in taken]
-        taken |= set(self.pool)
-        self.replay = [b for b in dict.fromkeys(replay) if b not in taken]
+        self.focus, self.pool, self.replay = round_sets(focus, pool, replay, self.past_focus, self.cfg)
+        self.past_focus = list(dict.fromkeys(self.past_focus + self.focus))
         if not self.focus and not self.pool:
             return {}
         return await train_batches(self, steps, on_step)
+
+
+def round_sets(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: Sequence[ttt.Board],
+               past_focus: Sequence[ttt.Board], cfg: PositionRLConfig) -> tuple[list, list, list]:
+    """One round's (focus, pool, replay) positions, each without repeats and disjoint from the others. The replay
+    is ``replay`` (``cfg.replay="teacher"``) or the ``past_focus`` positions (``"trained"``: the decisions earlier
+    rounds trained on, so a fix survives the rounds that do not draw it, taken out of the pool, where a batch
+    full of focus positions would never draw them; ``replay`` while there are none)."""
+    if cfg.replay not in REPLAY_FROM:
+        raise ValueError(f"PositionRLConfig.replay must be one of {REPLAY_FROM}, got {cfg.replay!r}")
+    focus = list(dict.fromkeys(focus))
+    past = [b for b in dict.fromkeys(past_focus) if b not in set(focus)] if cfg.replay == "trained" else []
+    if past:  # an earlier focus position still in the pool (it keeps every old mistake) is replayed instead
+        pool = [b for b in dict.fromkeys(pool) if b not in set(focus) | set(past)]
+        return focus, pool, past
+    pool = [b for b in dict.fromkeys(pool) if b not in set(focus)]
+    taken = set(focus) | set(pool)
+    return focus, pool, [b for b in dict.fromkeys(replay) if b not in taken]
 
 
 def group_trainer(model: Any, tokenizer: Any, protocol: Callable[[], SingleAgentProtocol], cfg: Any, run_dir: Path,

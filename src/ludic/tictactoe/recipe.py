@@ -105,6 +105,13 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     (--reward outcome: groups of games per step)."""
     group_size: int = 8
     """Sampled answers per position."""
+    rl_replay_fraction: float = 0.25
+    """--reward move: share of each RL batch given to positions already right (replayed: a sampled mistake
+    there is corrected too, which guards against forgetting)."""
+    rl_replay: str = "teacher"
+    """--reward move: where the replayed positions come from: teacher (uniform over the 335 teacher positions)
+    or trained (the decisions earlier rounds trained on as losing against minimax: a fix survives the
+    rounds that do not draw it; ``PositionRLConfig.replay``)."""
     rl_lr: float = 2e-4
     rl_scale_lr_by_signal: bool = False
     """Scale each RL step's lr by the share of its trained tokens with a nonzero advantage
@@ -153,6 +160,25 @@ def no_signal_why(stopped: str, metrics: dict[str, Any]) -> str:
     return "every group's samples scored alike: the sampling policy has collapsed onto one move per position"
 
 
+REWARDS_ONLY_DEFAULTS: dict[str, Any] = {
+    "show_moves": True, "cold_start_epochs": 0.5, "curve_points": 0, "rl_steps_per_round": 16, "rl_lr": 1e-3,
+    "rl_explore_samples": 2, "rl_explore": "uniform",
+}
+"""The defaults of ``--teacher none`` where they differ from the solver path's (``ludic recipe tictactoe
+--teacher none`` parses with them; flags given still win; ``rewards_only_config`` in Python). Each was measured
+against the solver path's value in this mode (docs/studies.md, "Tic-tac-toe from rewards alone"): the free cells
+in the prompt make the random-cell cold start 100% legal in half an epoch; with no SFT curve to draw, its
+evaluations are skipped; a LoRA at 1e-3 learns where 2e-4 barely moves; two of each group's eight samples are
+uniformly random legal cells (learned from only when they beat the group), which keep signal in groups the
+policy answers alike."""
+
+
+def rewards_only_config(**overrides: Any) -> RecipeConfig:
+    """A ``RecipeConfig`` for ``--teacher none`` with the mode's defaults (``REWARDS_ONLY_DEFAULTS``), then
+    ``overrides``."""
+    return RecipeConfig(**{"teacher": "none", **REWARDS_ONLY_DEFAULTS, **overrides})
+
+
 def recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic import fastpath
 
@@ -169,7 +195,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.data.offline import OfflineBatchSource, sft_item
     from ludic.tictactoe.synth import random_cell_records, teacher_position_records, teacher_positions
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.tictactoe.position_rl import EXPLORE_MODES, PositionGRPO, PositionRLConfig, View
+    from ludic.tictactoe.position_rl import EXPLORE_MODES, REPLAY_FROM, PositionGRPO, PositionRLConfig, View
     from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
     from ludic.training.loggers import logger_names, make_logger
@@ -184,6 +210,10 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         raise ValueError(f"--reward must be move or outcome, got {cfg.reward!r}")
     if cfg.teacher == "none" and cfg.answer not in ("cell", "move"):
         raise ValueError(f"--teacher none answers with a bare cell or <move>: --answer cell or move, not {cfg.answer!r}")
+    if cfg.rl_replay not in REPLAY_FROM:
+        raise ValueError(f"--rl-replay must be one of {REPLAY_FROM}, got {cfg.rl_replay!r}")
+    if not 0.0 <= cfg.rl_replay_fraction < 1.0:
+        raise ValueError(f"--rl-replay-fraction must be in [0, 1), got {cfg.rl_replay_fraction}")
     if cfg.rl_explore not in EXPLORE_MODES:
         raise ValueError(f"--rl-explore must be one of {EXPLORE_MODES}, got {cfg.rl_explore!r}")
     if cfg.rl_explore_samples and cfg.reward != "move":
@@ -298,6 +328,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
                               temperature=cfg.rl_temperature, seed=cfg.seed, algorithm=cfg.rl_algorithm,
                               explore_samples=cfg.rl_explore_samples, explore=cfg.rl_explore,
                               explore_temperature=cfg.rl_explore_temperature,
+                              replay_fraction=cfg.rl_replay_fraction, replay=cfg.rl_replay,
                               kl_coef=cfg.rl_kl_coef, entropy_coef=cfg.rl_entropy_coef,
                               trainer=TrainerConfig(lr=cfg.rl_lr, max_grad_norm=1.0,
                                                     scale_lr_by_signal=cfg.rl_scale_lr_by_signal,
