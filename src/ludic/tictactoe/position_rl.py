@@ -99,9 +99,9 @@ async def score_positions(client: ChatClient, boards: Sequence[ttt.Board], view:
 
 
 EXPLORE_MODES = ("hotter", "uniform")
+"""How a group's exploring samples are drawn (``PositionRLConfig.explore``)."""
 REPLAY_FROM = ("teacher", "trained")
 """Where a batch's replay share is drawn from (``PositionRLConfig.replay``)."""
-"""How a group's exploring samples are drawn (``PositionRLConfig.explore``)."""
 
 
 class UniformCellClient(FunctionClient):
@@ -224,13 +224,13 @@ def round_sets(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: Se
     if cfg.replay not in REPLAY_FROM:
         raise ValueError(f"PositionRLConfig.replay must be one of {REPLAY_FROM}, got {cfg.replay!r}")
     focus = list(dict.fromkeys(focus))
-    past = [b for b in dict.fromkeys(past_focus) if b not in set(focus)] if cfg.replay == "trained" else []
-    if past:  # an earlier focus position still in the pool (it keeps every old mistake) is replayed instead
-        pool = [b for b in dict.fromkeys(pool) if b not in set(focus) | set(past)]
-        return focus, pool, past
-    pool = [b for b in dict.fromkeys(pool) if b not in set(focus)]
-    taken = set(focus) | set(pool)
-    return focus, pool, [b for b in dict.fromkeys(replay) if b not in taken]
+    in_focus = set(focus)
+    past = [b for b in dict.fromkeys(past_focus) if b not in in_focus] if cfg.replay == "trained" else []
+    # an earlier focus position still in the pool (it keeps every old mistake) is replayed instead
+    not_pooled = in_focus | set(past)
+    pool = [b for b in dict.fromkeys(pool) if b not in not_pooled]
+    taken = in_focus | set(pool)
+    return focus, pool, [b for b in dict.fromkeys(past or replay) if b not in taken]
 
 
 def group_trainer(model: Any, tokenizer: Any, protocol: Callable[[], SingleAgentProtocol], cfg: Any, run_dir: Path,
