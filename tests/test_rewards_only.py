@@ -205,3 +205,20 @@ def test_teacher_none_takes_the_modes_own_defaults_and_flags_still_win():
     assert recipe_tictactoe_config(["--seed", "1"]) == RecipeConfig(seed=1)
     with pytest.raises(ValueError, match="no field"):
         parse_config(RecipeConfig, [], defaults={"rl_lrr": 1.0})
+
+
+def test_the_rl_stage_takes_its_step_flags_for_either_reward():
+    """``rl_config``: the flags that set the RL step (lr, optimizer passes over each batch) reach the trainer of
+    both rewards; one pass is the default, so a run without ``--rl-ppo-epochs`` is unchanged."""
+    from ludic.cli import recipe_tictactoe_config
+    from ludic.tictactoe.game_rl import OutcomeRLConfig
+    from ludic.tictactoe.position_rl import PositionRLConfig
+    from ludic.tictactoe.recipe import rl_config
+
+    plain = rl_config(recipe_tictactoe_config(["--teacher", "none"]))
+    assert isinstance(plain, PositionRLConfig) and plain.trainer.ppo_epochs == 1 and plain.trainer.lr == 1e-3
+    assert plain.explore == "uniform" and plain.explore_samples == 2
+    passes = rl_config(recipe_tictactoe_config(["--teacher", "none", "--rl-ppo-epochs", "3"]))
+    assert passes.trainer.ppo_epochs == 3
+    games = rl_config(recipe_tictactoe_config(["--teacher", "none", "--reward", "outcome", "--rl-ppo-epochs", "2"]))
+    assert isinstance(games, OutcomeRLConfig) and games.trainer.ppo_epochs == 2 and games.ladder[0] == "random"

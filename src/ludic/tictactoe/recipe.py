@@ -113,6 +113,9 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     or trained (the decisions earlier rounds trained on as losing against minimax: a fix survives the
     rounds that do not draw it; ``PositionRLConfig.replay``)."""
     rl_lr: float = 2e-4
+    rl_ppo_epochs: int = 1
+    """Optimizer passes over each sampled RL batch (``TrainerConfig.ppo_epochs``; the later passes are clipped
+    against the sampling policy): more learned from each visit to a position, for the cost of the training alone."""
     rl_scale_lr_by_signal: bool = False
     """Scale each RL step's lr by the share of its trained tokens with a nonzero advantage
     (``TrainerConfig.scale_lr_by_signal``): positions the policy already answers right add no step."""
@@ -177,6 +180,30 @@ def rewards_only_config(**overrides: Any) -> RecipeConfig:
     """A ``RecipeConfig`` for ``--teacher none`` with the mode's defaults (``REWARDS_ONLY_DEFAULTS``), then
     ``overrides``."""
     return RecipeConfig(**{"teacher": "none", **REWARDS_ONLY_DEFAULTS, **overrides})
+
+
+def rl_config(cfg: RecipeConfig) -> Any:
+    """The RL stage's settings from the recipe's flags: a ``PositionRLConfig`` (``--reward move``) or an
+    ``OutcomeRLConfig`` (``--reward outcome``: whole games against the opponent ladder), with the same step."""
+    from ludic.tictactoe.position_rl import PositionRLConfig
+    from ludic.training.config import TrainerConfig
+
+    trainer = TrainerConfig(lr=cfg.rl_lr, max_grad_norm=1.0, ppo_epochs=cfg.rl_ppo_epochs,
+                            scale_lr_by_signal=cfg.rl_scale_lr_by_signal, micro_token_budget=cfg.micro_token_budget)
+    if cfg.reward == "outcome":
+        from ludic.tictactoe.game_rl import OutcomeRLConfig
+
+        return OutcomeRLConfig(games_per_step=cfg.positions_per_step, group_size=cfg.group_size,
+                               ladder=tuple(r.strip() for r in cfg.opponent_ladder.split(",") if r.strip()),
+                               promote_at=cfg.promote_at, temperature=cfg.rl_temperature, seed=cfg.seed,
+                               algorithm=cfg.rl_algorithm, kl_coef=cfg.rl_kl_coef,
+                               entropy_coef=cfg.rl_entropy_coef, trainer=trainer)
+    return PositionRLConfig(positions_per_step=cfg.positions_per_step, group_size=cfg.group_size,
+                            temperature=cfg.rl_temperature, seed=cfg.seed, algorithm=cfg.rl_algorithm,
+                            explore_samples=cfg.rl_explore_samples, explore=cfg.rl_explore,
+                            explore_temperature=cfg.rl_explore_temperature,
+                            replay_fraction=cfg.rl_replay_fraction, replay=cfg.rl_replay,
+                            kl_coef=cfg.rl_kl_coef, entropy_coef=cfg.rl_entropy_coef, trainer=trainer)
 
 
 def recipe(cfg: RecipeConfig) -> dict[str, Any]:
@@ -324,24 +351,11 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
                                                top_layers=max(1, round(cfg.lora_layer_share * n_layers))))
     engine.model = model
     rl_dir = run_dir / "rl"
-    rl_cfg = PositionRLConfig(positions_per_step=cfg.positions_per_step, group_size=cfg.group_size,
-                              temperature=cfg.rl_temperature, seed=cfg.seed, algorithm=cfg.rl_algorithm,
-                              explore_samples=cfg.rl_explore_samples, explore=cfg.rl_explore,
-                              explore_temperature=cfg.rl_explore_temperature,
-                              replay_fraction=cfg.rl_replay_fraction, replay=cfg.rl_replay,
-                              kl_coef=cfg.rl_kl_coef, entropy_coef=cfg.rl_entropy_coef,
-                              trainer=TrainerConfig(lr=cfg.rl_lr, max_grad_norm=1.0,
-                                                    scale_lr_by_signal=cfg.rl_scale_lr_by_signal,
-                                                    micro_token_budget=cfg.micro_token_budget))
-    if cfg.reward == "outcome":  # whole games, their results only
-        from ludic.tictactoe.game_rl import GameGRPO, OutcomeRLConfig
-
-        rl_cfg = OutcomeRLConfig(games_per_step=cfg.positions_per_step, group_size=cfg.group_size,
-                                 ladder=tuple(r.strip() for r in cfg.opponent_ladder.split(",") if r.strip()),
-                                 promote_at=cfg.promote_at, temperature=cfg.rl_temperature, seed=cfg.seed,
-                                 algorithm=cfg.rl_algorithm, kl_coef=cfg.rl_kl_coef,
-                                 entropy_coef=cfg.rl_entropy_coef, trainer=rl_cfg.trainer)
+    rl_cfg = rl_config(cfg)
     rl_logger = make_logger(cfg.logger, rl_dir, asdict(rl_cfg), total_steps=None)
+    if cfg.reward == "outcome":  # whole games, their results only
+        from ludic.tictactoe.game_rl import GameGRPO
+
     rl_class = GameGRPO if cfg.reward == "outcome" else PositionGRPO
     rl = rl_class(model, tok, engine, view, rl_cfg, rl_dir, logger=rl_logger)
     rounds = cfg.rl_rounds or cfg.max_rl_rounds or (10**9 if cfg.budget_minutes else 12)
