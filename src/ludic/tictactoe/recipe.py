@@ -171,9 +171,9 @@ REWARDS_ONLY_DEFAULTS: dict[str, Any] = {
 --teacher none`` parses with them; flags given still win; ``rewards_only_config`` in Python). Each was measured
 against the solver path's value in this mode (docs/studies.md, "Tic-tac-toe from rewards alone"): the free cells
 in the prompt make the random-cell cold start 100% legal in half an epoch; with no SFT curve to draw, its
-evaluations are skipped; 16 RL batches between exact evaluations, which took 54% of the run at 4; a LoRA at 1e-3 learns where 2e-4 barely moves; two of each group's eight samples are
-uniformly random legal cells (learned from only when they beat the group), which keep signal in groups the
-policy answers alike."""
+evaluations are skipped; 16 RL batches between exact evaluations, which took 54% of the run at 4; a LoRA at
+1e-3 learns where 2e-4 barely moves; two of each group's eight samples are uniformly random legal cells (learned
+from only when they beat the group), which keep signal in groups the policy answers alike."""
 
 
 def rewards_only_config(**overrides: Any) -> RecipeConfig:
@@ -222,7 +222,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.data.offline import OfflineBatchSource, sft_item
     from ludic.tictactoe.synth import random_cell_records, teacher_position_records, teacher_positions
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.tictactoe.position_rl import EXPLORE_MODES, REPLAY_FROM, PositionGRPO, PositionRLConfig, View
+    from ludic.tictactoe.position_rl import EXPLORE_MODES, REPLAY_FROM, PositionGRPO, View
     from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
     from ludic.training.loggers import logger_names, make_logger
@@ -356,7 +356,9 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     if cfg.reward == "outcome":  # whole games, their results only
         from ludic.tictactoe.game_rl import GameGRPO
 
-    rl_class = GameGRPO if cfg.reward == "outcome" else PositionGRPO
+        rl_class: Any = GameGRPO
+    else:
+        rl_class = PositionGRPO
     rl = rl_class(model, tok, engine, view, rl_cfg, rl_dir, logger=rl_logger)
     rounds = cfg.rl_rounds or cfg.max_rl_rounds or (10**9 if cfg.budget_minutes else 12)
     final_eval_s = clock.seconds["eval_sft"]  # what the closing full evaluation will take, about
