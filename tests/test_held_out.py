@@ -209,6 +209,33 @@ def test_a_task_that_collapsed_to_one_answer_and_lost_stays_in_the_mean(tmp_path
     assert "left out: letter_counting (" in out and "gcd99 (" not in out.split("left out:")[1]
 
 
+def test_a_superseded_task_config_stays_in_the_tables_and_leaves_the_mean_to_its_successor(tmp_path, capsys):
+    """GEM's guess-the-number was first trained with a teacher that repeated guesses and GEM's distance-paying
+    reward (gem_guess_random: 0% on every seed); gem_guess_legal is the same game with both fixed. Counting both
+    would count one game twice: the old config's rows stay in every table, marked superseded, and the mean gain
+    counts the successor once it has runs (until then, the old config)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "examples" / "study"
+    table = _study_table(root)
+    for run in ("chain_sum-s0", "gem_guess_random-s0"):
+        shutil.copytree(root / "results" / run, tmp_path / run)
+    table.main(tmp_path)
+    out = capsys.readouterr().out
+    assert "Mean gain over 2 task(s)" in out and "superseded" not in out  # no successor yet: the old config counts
+    shutil.copytree(root / "results" / "chain_sum-s0", tmp_path / "gem_guess_legal-s0")
+    s = json.loads((tmp_path / "gem_guess_legal-s0" / "summary.json").read_text())
+    s["trained"] = {**s["trained"], "success_rate": 0.5}
+    (tmp_path / "gem_guess_legal-s0" / "summary.json").write_text(json.dumps(s))
+    table.main(tmp_path)
+    out = capsys.readouterr().out
+    assert "| gem_guess_random (superseded by gem_guess_legal) | 0 |" in out
+    assert "Mean gain over 2 task(s)" in out and "+27.3 points" in out  # (17.2 + 37.5) / 2
+    assert "superseded: gem_guess_random (" in out
+
+
 def test_a_two_player_task_is_shown_over_its_seeds_against_every_opponent(tmp_path, capsys):
     """A two-player task's seeds, averaged per opponent (each seed's gain is over its own base: the random player's
     moves differ by seed), and the mean gain again with the task counted against the random player it never
@@ -237,3 +264,48 @@ def test_a_two_player_task_is_shown_over_its_seeds_against_every_opponent(tmp_pa
     assert "| league |" not in out.split("over its 2 seed(s)")[1].split("seed 0, test deals")[0]
     assert "Mean gain over 2 task(s)" in out and "+27.3 points" in out  # (17.2 + 37.5) / 2
     assert "counted against the uniformly random legal player it never trained against: +18.0 points" in out
+
+
+def test_the_study_gem_teacher_guesses_legally_without_strategy(tokenizer):
+    """The GEM row's format cold start: its teacher guessed a random number in 1..50 after the first turn (it
+    saw only the last observation, which holds no range), so it repeated and left the range, and the policy
+    it taught repeated one guess all game. A teacher that takes ``messages`` now gets the dialog: this one
+    guesses uniformly among the numbers in range not guessed yet (legal moves, no use of the hints)."""
+    require("gem")
+    import asyncio
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    from ludic.agents.agent import Agent
+    from ludic.context import make_context
+    from ludic.inference.client import FunctionClient
+    from ludic.interaction import SingleAgentProtocol
+    from ludic.recipes.format_demos import demo_teacher
+    from ludic.rollouts.engine import RolloutEngine
+    from ludic.types import EnvSpec, RolloutRequest
+
+    spec = importlib.util.spec_from_file_location(
+        "study_teachers", Path(__file__).parents[1] / "examples" / "study" / "teachers.py")
+    teachers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(teachers)
+    teacher = demo_teacher(teachers.gem_guess)
+    engine = RolloutEngine({"single_agent": lambda: SingleAgentProtocol(
+        Agent(FunctionClient(tokenizer, teacher), make_context("full")))})
+    reqs = [RolloutRequest(EnvSpec("gem:game:GuessTheNumber-v0-random", {"reward": "success"}), env_seed=s)
+            for s in range(40)]
+    rollouts = asyncio.run(engine.generate_rollouts(reqs))
+    wins = 0
+    for r in rollouts:
+        state = json.loads(r.meta["reset_info"]["instance"])
+        guesses = [int(re.fullmatch(r"\\boxed\{(\d+)\}", s.action).group(1)) for s in r.steps]
+        assert len(set(guesses)) == len(guesses), guesses  # never a repeat
+        assert all(state["min_number"] <= g <= state["max_number"] for g in guesses), (state, guesses)
+        won = r.steps[-1].info["success"] == 1.0
+        assert won == (guesses[-1] == state["game_number"]) and (won or len(guesses) == state["max_turns"])
+        wins += won
+    assert 0 < wins < 30  # chance: turns / range size, about a quarter; a bisecting player wins every game
+    seen = []
+    demo_teacher(lambda messages: seen.append(len(messages)) or "x")([{"role": "user", "content": "a"}] * 3)
+    demo_teacher(lambda obs: seen.append(obs) or "x")([{"role": "user", "content": "a"}] * 3)
+    assert seen == [3, "a"]  # a teacher named `messages` gets the dialog, any other the last observation

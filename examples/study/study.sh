@@ -13,7 +13,7 @@
 #                                                          kept apart from the study's results)
 set -u
 SEEDS=${*:-0 1 2}
-ALL_TASKS="chain_sum gcd99 gem_guess_random indian_poker1 calculator basic_arith2 products12"
+ALL_TASKS="chain_sum gcd99 gem_guess_random gem_guess_legal indian_poker1 calculator basic_arith2 products12"
 TASKS=${TASKS:-$ALL_TASKS}
 for t in $TASKS; do
   case " $ALL_TASKS " in *" $t "*) ;; *) echo "unknown task '$t' in TASKS; the tasks are: $ALL_TASKS" >&2; exit 2;; esac
@@ -49,8 +49,14 @@ task chain_sum --env reasoning_gym:chain_sum --env-kwargs '{"config":{"min_terms
 task gcd99 --env reasoning_gym:gcd --env-kwargs '{"config":{"min_value":2,"max_value":99}}'
 # GEM guess-the-number with a random range and secret per instance; a 10-step format cold start of random
 # in-range guesses inside \boxed{} (the format, no strategy); its dialog trains as one sequence
+# (gem_guess_random: the first config, kept as its record; it did not learn. Its teacher then saw only the last
+# observation and repeated guesses, and GEM pays a lost game by its last guess's distance to the secret, so its
+# policies repeated one middle guess all game.) gem_guess_legal: the teacher guesses legally (in range, never
+# twice) and the reward is the win only (GEM's env kwarg handled by Ludic: {"reward": "success"})
 task gem_guess_random --env gem:game:GuessTheNumber-v0-random --max-completion-tokens 24 \
   --format-demos examples.study.teachers:gem_guess
+task gem_guess_legal --env gem:game:GuessTheNumber-v0-random --env-kwargs '{"reward": "success"}' \
+  --max-completion-tokens 24 --format-demos examples.study.teachers:gem_guess
 # a two-player game with thousands of deals, against the frozen start; evaluated against every opponent
 task indian_poker1 --env textarena:IndianPoker-v0 --env-kwargs '{"max_rounds": 1}' --opponent frozen \
   --max-completion-tokens 24

@@ -32,6 +32,11 @@ from ludic.eval.samples import COLLAPSED_SHARE, answer_spread, outcome_of
 from ludic.eval.stats import difference_interval, wilson_interval
 from ludic.types import Rollout
 
+SUPERSEDED = {"gem_guess_random": ("gem_guess_legal", "its teacher repeated guesses and GEM paid a lost game by its "
+                                   "last guess's distance; gem_guess_legal is the same game with both fixed")}
+"""A task config replaced by another of the same task: its rows stay in every table, marked, and once the successor
+has runs the mean gain counts the successor only (one game counted once)."""
+
 
 def pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
@@ -124,6 +129,11 @@ def load(root: Path) -> list[tuple[str, int, dict]]:
 
 def main(root: Path) -> None:
     runs = load(root)
+    present = {task for task, _, _ in runs}
+    replaced = {t: SUPERSEDED[t] for t in present if t in SUPERSEDED and SUPERSEDED[t][0] in present}
+
+    def name(task: str) -> str:
+        return f"{task} (superseded by {replaced[task][0]})" if task in replaced else task
     answers = {(task, seed): (spread(root / f"{task}-s{seed}", "base", s["base"]),
                               spread(root / f"{task}-s{seed}", "trained", s["trained"])) for task, seed, s in runs}
     print("| task | seed | distinct test instances (trained on) | instance space | base (95% CI) | start of RL | "
@@ -134,7 +144,7 @@ def main(root: Path) -> None:
         inst, start, t = s["instances"], start_of(s), s["trained"]
         by_task[task].append(s)
         label = "" if inst.get("held_out") else f" **{inst.get('label')}**"
-        print(f"| {task}{label} | {seed} | {inst['test_distinct']} ({inst['test_trained']}) | {space(inst)} | "
+        print(f"| {name(task)}{label} | {seed} | {inst['test_distinct']} ({inst['test_trained']}) | {space(inst)} | "
               f"{ci(s['base'])} | {'base' if start is s['base'] else ci(start) + ' (cold start)'} | {ci(t)} | "
               f"{gain(start, t['success_rate'], t['success_ci95_low'], t['success_ci95_high'])} | "
               f"{'yes' if t['success_rate'] > start['success_ci95_high'] else 'no'} | {s['stopped']['step']} | "
@@ -154,8 +164,9 @@ def main(root: Path) -> None:
                        for t, seed, _ in runs if t == task)
         # a collapse onto one answer leaves the mean only when it gained (the answers' base rate, not the task); a
         # collapse that lost is RL failing at the task, and counts
-        (left_out if constant and mean > start["success_rate"] else gains).append((task, mean - start["success_rate"]))
-        print(f"| {task} | {len(summaries)} | {ci(start)} | {pct(mean)} ({pct(lo)}-{pct(hi)}) | "
+        if task not in replaced:
+            (left_out if constant and mean > start["success_rate"] else gains).append((task, mean - start["success_rate"]))
+        print(f"| {name(task)} | {len(summaries)} | {ci(start)} | {pct(mean)} ({pct(lo)}-{pct(hi)}) | "
               f"{gain(start, mean, lo, hi)} | {'yes' if mean > start['success_ci95_high'] else 'no'} | "
               f"{'**yes**: one answer to almost every question' if constant else 'no'} |")
     if gains:
@@ -163,7 +174,8 @@ def main(root: Path) -> None:
               f"two-player task against the opponent it trained against): "
               f"{100 * statistics.fmean(g for _, g in gains):+.1f} points"
               + (f"; left out: {', '.join(t for t, _ in left_out)} (the policy gave one answer to almost every "
-                 "question and gained: the answers' base rate, not the task)." if left_out else "."))
+                 "question and gained: the answers' base rate, not the task)" if left_out else "")
+              + "".join(f"; superseded: {t} ({why})" for t, (_, why) in sorted(replaced.items())) + ".")
     against_random: dict[str, float | None] = {}  # a two-player task's gain against the random player (None: unmeasured)
     for task, summaries in by_task.items():
         if not all(s.get("opponents") for s in summaries):

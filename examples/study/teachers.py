@@ -1,8 +1,10 @@
 """Format cold-start teachers of the held-out study (``--format-demos examples.study.teachers:<name>``).
 
 ``gem_guess``: GEM's guess-the-number reads a guess only inside ``\\boxed{}``, which the packaged model never
-writes; this teacher guesses a uniformly random number in the range the first observation states (later turns
-only say higher or lower: it guesses in 1..50 there). The format, no strategy.
+writes; this teacher guesses uniformly among the numbers in the range the first observation states that it has
+not guessed yet: the format and legal moves, no use of the higher/lower hints (it wins by chance, about turns /
+range size). Until 2026-11-29 it saw only the last observation, so after the first turn it guessed in 1..50,
+repeating and leaving the range, and the policies it taught repeated one guess all game.
 
 ``calculator``: the arithmetic word problems of ``dataset_qa`` (source ``arith``) with the calculator tool: the
 teacher calls the calculator on the problem's expression, then answers with the tool's result (the strategy of
@@ -15,13 +17,17 @@ import random
 import re
 
 _RANGE = re.compile(r"between (\d+) and (\d+)")
+_BOXED = re.compile(r"\\boxed\{(\d+)\}")
 _rng = random.Random(0)
 
 
-def gem_guess(observation: str) -> str:
-    found = _RANGE.search(observation)
+def gem_guess(messages: list[dict]) -> str:
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    found = _RANGE.search(users[0]) if users else None
     low, high = (int(found.group(1)), int(found.group(2))) if found else (1, 50)
-    return f"\\boxed{{{_rng.randint(low, high)}}}"
+    guessed = {int(g) for m in messages if m["role"] == "assistant" for g in _BOXED.findall(m["content"])}
+    left = [n for n in range(low, high + 1) if n not in guessed] or list(range(low, high + 1))
+    return f"\\boxed{{{_rng.choice(left)}}}"
 
 
 @functools.lru_cache(maxsize=1)

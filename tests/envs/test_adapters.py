@@ -264,6 +264,35 @@ def test_gem_env_through_the_generic_gymnasium_wrapper(tokenizer):
     assert r.meta["truncation_reason"] is None
 
 
+def test_a_gem_game_pays_success_only_when_asked(tokenizer):
+    """GEM's guess-the-number pays a last guess by its distance to the secret (``1 - distance / range``), so a
+    policy that repeats one middle guess every turn earned about 0.75 an episode, as much as guessing at random
+    and more than most losses: the study's GEM runs learned to repeat. ``{"reward": "success"}`` pays the win
+    only (1 or 0, the env's own reward kept in the step's info as ``env_reward``); the default stays the env's."""
+    require("gem")
+
+    def repeat(messages):
+        lo, hi = map(int, re.search(r"between (\d+) and (\d+)", next(
+            m["content"] for m in messages if m["role"] == "user")).groups())
+        return f"\\boxed{{{(lo + hi) // 2}}}"
+
+    def play(kwargs, reply):
+        engine = RolloutEngine({"single_agent": lambda: SingleAgentProtocol(
+            Agent(FunctionClient(tokenizer, reply), make_context("full")))})
+        reqs = [RolloutRequest(EnvSpec("gem:game:GuessTheNumber-v0-random", kwargs), env_seed=s) for s in range(12)]
+        return run(engine, reqs)
+
+    shaped, plain = play({}, repeat), play({"reward": "success"}, repeat)
+    lost = [i for i, r in enumerate(plain) if r.steps[-1].info["success"] == 0.0]
+    assert lost and all(shaped[i].total_reward > 0 for i in lost)  # the env's default: a loss pays
+    assert all(plain[i].total_reward == 0.0 and plain[i].steps[-1].info["env_reward"] > 0 for i in lost)
+    assert all(r.total_reward == r.steps[-1].info["success"] for r in plain)
+    won = play({"reward": "success"}, bisect(r"between (\d+) and (\d+)", lambda g: f"\\boxed{{{g}}}"))
+    assert all(r.total_reward == 1.0 and r.steps[-1].info["success"] == 1.0 for r in won)
+    with pytest.raises(ValueError, match="reward must be 'env' or 'success'"):
+        make_env(EnvSpec("gem:game:GuessTheNumber-v0-random", {"reward": "win"}))
+
+
 def test_an_env_from_an_import_path_and_a_gymnasium_env_that_raises(tokenizer):
     from ludic.envs.gym_text import GymTextEnv
 

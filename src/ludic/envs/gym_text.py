@@ -11,7 +11,10 @@ prefixes build them by id:
 Rewards, termination and truncation are the env's own. Each step's observation is what the env
 returned (GEM sends only what is new; the agent's context keeps the dialog). The env's info keys that
 are numbers or strings go to the step's info; ``success`` is set from the env's own ``success`` flag
-when it has one, else from a final reward >= ``success_reward``.
+when it has one, else from a final reward >= ``success_reward``. ``reward="success"`` pays that success
+only (1 or 0 at the end, 0 before; the env's own reward stays in the step's info as ``env_reward``): GEM's
+guess-the-number pays a lost game by its last guess's distance to the secret, which a policy earns by
+repeating one middle guess (``EnvSpec("gem:game:GuessTheNumber-v0-random", {"reward": "success"})``).
 """
 
 from __future__ import annotations
@@ -39,13 +42,17 @@ class GymTextEnv(SingleAgentEnv):
         instance: what names an instance (``eval.instances``): ``"both"`` the first observation and the env's
             plain attributes after reset (a secret the text does not show), ``"state"`` the attributes only (GEM's
             games: their prompts show a random example guess), ``"obs"`` the observation only.
+        reward: ``"env"`` the env's own rewards; ``"success"`` 1 for a success at the end, else 0 (the env's
+            reward in the info as ``env_reward``).
     """
 
     def __init__(self, env: Any | Callable[[], Any], *, success_reward: float = 1.0, max_turns: int = 64,
-                 instance: str = "both") -> None:
+                 instance: str = "both", reward: str = "env") -> None:
         if instance not in ("both", "state", "obs"):
             raise ValueError(f"instance must be 'both', 'state' or 'obs', got {instance!r}")
-        self.instance = instance
+        if reward not in ("env", "success"):
+            raise ValueError(f"reward must be 'env' or 'success', got {reward!r}")
+        self.instance, self.reward = instance, reward
         super().__init__()
         self.env = env() if isinstance(env, type) or (callable(env) and not hasattr(env, "step")) else env
         for need in ("reset", "step"):
@@ -75,22 +82,26 @@ class GymTextEnv(SingleAgentEnv):
         if terminated or truncated:
             info.setdefault("success", float(float(reward) >= self.success_reward))
             info["success"] = float(info["success"])
+        if self.reward == "success":
+            info["env_reward"] = float(reward)
+            reward = info["success"] if terminated or truncated else 0.0
         return StepOutcome(str(obs), float(reward), bool(terminated), bool(truncated), info)
 
 
-def make_gem(env_id: str, **kwargs: Any) -> GymTextEnv:
-    """``gem.make(env_id, **kwargs)`` wrapped (``pip install gem-llm``)."""
+def make_gem(env_id: str, reward: str = "env", **kwargs: Any) -> GymTextEnv:
+    """``gem.make(env_id, **kwargs)`` wrapped (``pip install gem-llm``); ``reward``: the wrapper's (above)."""
     try:
         import gem
     except ImportError as e:
         raise ImportError("gem: specs need GEM: pip install gem-llm") from e
-    return GymTextEnv(gem.make(env_id, **kwargs), instance="state" if env_id.startswith("game:") else "both")
+    return GymTextEnv(gem.make(env_id, **kwargs), instance="state" if env_id.startswith("game:") else "both",
+                      reward=reward)
 
 
-def make_gymnasium(env_id: str, **kwargs: Any) -> GymTextEnv:
-    """``gymnasium.make(env_id, **kwargs)`` wrapped."""
+def make_gymnasium(env_id: str, reward: str = "env", **kwargs: Any) -> GymTextEnv:
+    """``gymnasium.make(env_id, **kwargs)`` wrapped; ``reward``: the wrapper's (above)."""
     try:
         import gymnasium
     except ImportError as e:
         raise ImportError("gym: specs need gymnasium: pip install gymnasium") from e
-    return GymTextEnv(gymnasium.make(env_id, **kwargs))
+    return GymTextEnv(gymnasium.make(env_id, **kwargs), reward=reward)

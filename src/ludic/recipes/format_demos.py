@@ -4,7 +4,9 @@ Use it when the model never writes the format the env reads (the trainer stops a
 steps without any learning signal and says so).
 
 The teacher: example replies (a .jsonl of ``{"reply": ...}`` or a .txt, one per line: a teacher answers each turn
-with one of them) or a function ``observation -> reply`` (``module:function``, or a callable in Python). With tools
+with one of them) or a function ``observation -> reply`` (``module:function``, or a callable in Python; a function
+whose first parameter is named ``messages`` gets the whole dialog instead, for a teacher that must remember what it
+already played). With tools
 (``--tools``, or an env's own), a teacher reply may call one in the agent's format (``<tool_call>{"name": ...,
 "arguments": {...}}</tool_call>`` for a model whose template has none); the tool runs, and the teacher's next
 observation is its result.
@@ -26,7 +28,8 @@ FORMAT_DEMO_EPISODES = 32
 
 def demo_teacher(spec: str | Callable[[str], str], seed: int = 0) -> Callable[[list[dict]], str]:
     """The teacher of a format cold start, ``messages -> reply``: from example replies (a .jsonl of
-    ``{"reply": ...}``, a .txt one per line) or a function of the last observation (or tool result)."""
+    ``{"reply": ...}``, a .txt one per line) or a function of the last observation (or tool result), or of the
+    dialog when its first parameter is named ``messages``."""
     if callable(spec):
         fn = spec
     elif spec.endswith((".jsonl", ".txt")):
@@ -48,11 +51,24 @@ def demo_teacher(spec: str | Callable[[str], str], seed: int = 0) -> Callable[[l
     else:
         raise ValueError(f"--format-demos {spec!r}: give a .jsonl / .txt of example replies or module:function")
 
+    if _takes_messages(fn):
+        return lambda messages: str(fn(messages))
+
     def reply(messages: list[dict]) -> str:  # the latest observation, or a tool's result
         last = next((m["content"] for m in reversed(messages) if m["role"] in ("user", "tool")), "")
         return str(fn(last))
 
     return reply
+
+
+def _takes_messages(fn: Callable) -> bool:
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    return bool(params) and params[0] == "messages"
 
 
 async def format_demo_items(cfg: Any, env: Any, tok: Any, teacher_spec: Any, held: Any = None,
