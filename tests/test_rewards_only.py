@@ -207,6 +207,25 @@ def test_teacher_none_takes_the_modes_own_defaults_and_flags_still_win():
         parse_config(RecipeConfig, [], defaults={"rl_lrr": 1.0})
 
 
+def test_the_outcome_reward_runs_with_the_modes_defaults():
+    """Was: ``ludic recipe tictactoe --teacher none --reward outcome`` failed at once ("--rl-explore-samples explores
+    within a position's group: it works with --reward move only"): the mode's defaults set the move reward's
+    exploring samples whatever the reward. They apply to ``--reward move`` only now; asking for them with the
+    outcome reward is still an error."""
+    import pytest
+
+    from ludic.cli import recipe_tictactoe_config
+    from ludic.tictactoe.recipe import REWARDS_ONLY_DEFAULTS, check_config, rewards_only_config
+
+    cfg = recipe_tictactoe_config(["--teacher", "none", "--reward", "outcome"])
+    check_config(cfg)
+    assert cfg.rl_explore_samples == 0 and cfg.rl_lr == REWARDS_ONLY_DEFAULTS["rl_lr"] and cfg.show_moves
+    assert cfg == rewards_only_config(reward="outcome")
+    check_config(recipe_tictactoe_config(["--teacher", "none"]))  # the move reward keeps its exploring samples
+    with pytest.raises(ValueError, match="works with --reward move only"):
+        check_config(recipe_tictactoe_config(["--teacher", "none", "--reward", "outcome", "--rl-explore-samples", "2"]))
+
+
 def test_the_rl_stage_takes_its_step_flags_for_either_reward():
     """``rl_config``: the flags that set the RL step (lr, optimizer passes over each batch) reach the trainer of
     both rewards; one pass is the default, so a run without ``--rl-ppo-epochs`` is unchanged."""

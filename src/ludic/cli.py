@@ -147,13 +147,14 @@ def _flag(argv: list[str], flag: str, default: str) -> str:
 
 def recipe_tictactoe_config(argv: list[str]) -> Any:
     """``ludic recipe tictactoe``'s flags parsed: a ``SeedRecipeConfig`` for ``--ctx truncated`` (the seed's own
-    workflow), else a ``RecipeConfig``, with ``REWARDS_ONLY_DEFAULTS`` as the defaults under ``--teacher none``."""
-    from ludic.tictactoe.recipe import REWARDS_ONLY_DEFAULTS, RecipeConfig
+    workflow), else a ``RecipeConfig``, with ``rewards_only_defaults`` as the defaults under ``--teacher none``."""
+    from ludic.tictactoe.recipe import RecipeConfig, rewards_only_defaults
     from ludic.tictactoe.seed_recipe import SeedRecipeConfig
 
     if _flag(argv, "--ctx", "last") != "last":  # multi-turn prompts, rejection sampling, GRPO on games
         return parse_config(SeedRecipeConfig, argv, prog="ludic recipe tictactoe --ctx truncated")
-    mode = REWARDS_ONLY_DEFAULTS if _flag(argv, "--teacher", "solver") == "none" else None
+    none = _flag(argv, "--teacher", "solver") == "none"
+    mode = rewards_only_defaults(_flag(argv, "--reward", "move")) if none else None
     return parse_config(RecipeConfig, argv, prog="ludic recipe tictactoe", defaults=mode)
 
 

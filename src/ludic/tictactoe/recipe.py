@@ -176,10 +176,19 @@ evaluations are skipped; 16 RL batches between exact evaluations, which took 54%
 from only when they beat the group), which keep signal in groups the policy answers alike."""
 
 
+MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore")
+"""Defaults of the mode that only the move reward takes (a position's group explores; a game's does not)."""
+
+
+def rewards_only_defaults(reward: str = "move") -> dict[str, Any]:
+    """``REWARDS_ONLY_DEFAULTS`` for ``reward``: under ``outcome`` without the move reward's exploring samples."""
+    return {k: v for k, v in REWARDS_ONLY_DEFAULTS.items() if reward == "move" or k not in MOVE_REWARD_ONLY}
+
+
 def rewards_only_config(**overrides: Any) -> RecipeConfig:
-    """A ``RecipeConfig`` for ``--teacher none`` with the mode's defaults (``REWARDS_ONLY_DEFAULTS``), then
-    ``overrides``."""
-    return RecipeConfig(**{"teacher": "none", **REWARDS_ONLY_DEFAULTS, **overrides})
+    """A ``RecipeConfig`` for ``--teacher none`` with the mode's defaults (``rewards_only_defaults`` of the
+    reward), then ``overrides``."""
+    return RecipeConfig(**{"teacher": "none", **rewards_only_defaults(overrides.get("reward", "move")), **overrides})
 
 
 def rl_config(cfg: RecipeConfig) -> Any:
@@ -206,28 +215,10 @@ def rl_config(cfg: RecipeConfig) -> Any:
                             kl_coef=cfg.rl_kl_coef, entropy_coef=cfg.rl_entropy_coef, trainer=trainer)
 
 
-def recipe(cfg: RecipeConfig) -> dict[str, Any]:
-    from ludic import fastpath
-
-    with fastpath.scoped(cfg.fast_path):
-        if cfg.ctx != "last":
-            from ludic.tictactoe.seed_recipe import SeedRecipeConfig, seed_recipe
-
-            return seed_recipe(SeedRecipeConfig.from_recipe(cfg))
-        return asyncio.run(_recipe(cfg))
-
-
-async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
-    from ludic.config import dump_config
-    from ludic.data.offline import OfflineBatchSource, sft_item
-    from ludic.tictactoe.synth import random_cell_records, teacher_position_records, teacher_positions
-    from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.tictactoe.position_rl import EXPLORE_MODES, REPLAY_FROM, PositionGRPO, View
-    from ludic.training.algorithms import make_sft
-    from ludic.training.config import TrainerConfig
-    from ludic.training.loggers import logger_names, make_logger
-    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, freeze_bottom
-    from ludic.training.trainer import Trainer
+def check_config(cfg: RecipeConfig) -> None:
+    """The flags' errors, before anything loads: a ``ValueError`` that names the flag."""
+    from ludic.tictactoe.position_rl import EXPLORE_MODES, REPLAY_FROM
+    from ludic.training.loggers import logger_names
 
     if cfg.answer not in ANSWER_TOKENS:
         raise ValueError(f"--answer must be one of {sorted(ANSWER_TOKENS)}, got {cfg.answer!r}")
@@ -251,6 +242,32 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     logger_names(cfg.logger)  # a typo fails now, not after the base evaluation
     if not cfg.system_prompt:
         raise ValueError("--system-prompt must be non-empty (an empty one would fall back to the env's long rules)")
+
+
+def recipe(cfg: RecipeConfig) -> dict[str, Any]:
+    from ludic import fastpath
+
+    with fastpath.scoped(cfg.fast_path):
+        if cfg.ctx != "last":
+            from ludic.tictactoe.seed_recipe import SeedRecipeConfig, seed_recipe
+
+            return seed_recipe(SeedRecipeConfig.from_recipe(cfg))
+        return asyncio.run(_recipe(cfg))
+
+
+async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
+    from ludic.config import dump_config
+    from ludic.data.offline import OfflineBatchSource, sft_item
+    from ludic.tictactoe.synth import random_cell_records, teacher_position_records, teacher_positions
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.tictactoe.position_rl import PositionGRPO, View
+    from ludic.training.algorithms import make_sft
+    from ludic.training.config import TrainerConfig
+    from ludic.training.loggers import make_logger
+    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, freeze_bottom
+    from ludic.training.trainer import Trainer
+
+    check_config(cfg)
     run_dir = cfg.resolve_run_dir("recipe-tictactoe")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.json")
