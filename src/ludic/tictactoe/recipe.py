@@ -176,8 +176,11 @@ evaluations are skipped; 16 RL batches between exact evaluations, which took 54%
 from only when they beat the group), which keep signal in groups the policy answers alike."""
 
 
-MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore")
-"""Defaults of the mode that only the move reward takes (a position's group explores; a game's does not)."""
+MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore", "rl_lr")
+"""Defaults of the mode that only the move reward takes: a position's group explores, a game's does not; and the LoRA
+at 1e-3, measured with the move reward, collapsed the outcome reward's groups within 20 batches (every game of a
+group alike, so RL stopped for lack of signal at 21 of 57 minutes), where the solver path's 2e-4 ran its 27 minutes
+(docs/studies.md)."""
 
 
 def rewards_only_defaults(reward: str = "move") -> dict[str, Any]:
