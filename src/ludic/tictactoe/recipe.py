@@ -184,7 +184,8 @@ group alike, so RL stopped for lack of signal at 21 of 57 minutes), where the so
 
 
 def rewards_only_defaults(reward: str = "move") -> dict[str, Any]:
-    """``REWARDS_ONLY_DEFAULTS`` for ``reward``: under ``outcome`` without the move reward's exploring samples."""
+    """``REWARDS_ONLY_DEFAULTS`` for ``reward``: under ``outcome`` without ``MOVE_REWARD_ONLY`` (the exploring
+    samples and the 1e-3 step), so the outcome reward takes the solver path's values of those."""
     return {k: v for k, v in REWARDS_ONLY_DEFAULTS.items() if reward == "move" or k not in MOVE_REWARD_ONLY}
 
 
