@@ -40,8 +40,10 @@ class UsageError(ValueError):
 class TrainingStopped(RuntimeError):
     """The trainer stopped before its last step (``ludic.training.signal``). ``reason``: ``no_signal``,
     ``saturated`` (every sample right: too easy, not a failure), ``nonfinite`` or ``empty_batches``; ``failed``:
-    whether the run failed (the command line then exits with status 3, its results saved); ``metrics``: the last
-    batch's metrics (what a caller needs to say why, e.g. every sample illegal rather than all alike)."""
+    whether the run failed (the command line then exits with status 3, its results saved; the trainer does not
+    raise a ``no_signal`` stop after keep-best kept a step better than the start: ``signal.learned_before_no_signal``);
+    ``metrics``: the last batch's metrics (what a caller needs to say why, e.g. every sample illegal rather than
+    all alike)."""
 
     def __init__(self, reason: str, message: str, failed: bool = True, metrics: dict | None = None) -> None:
         super().__init__(message)

@@ -43,18 +43,49 @@ def test_a_saturated_task_stops_as_a_success_not_an_error(tiny_model_dir, tmp_pa
 def test_a_failed_stop_ends_on_the_best_weights_before_it_raises(tiny_model_dir, tmp_path):
     """Was: the no-signal stop raised out of ``train`` before the keep-best restore, so the model kept the
     last step's weights. Now the run is measured at the step it stopped on, ends on the best evaluation's
-    weights, records the reason, and only then raises (a failed run exits non-zero)."""
+    weights (here the start: no later step beat it), records the reason, and only then raises (a failed run
+    exits non-zero)."""
+    model, _, trainer = vowel_grpo_trainer(tiny_model_dir, tmp_path, TrainerConfig(lr=5e-2, max_no_signal_steps=2),
+                                           env=["test_vowels", "test_never_rewarded"])
+    _scored(trainer, [0.9, 0.1, 0.2, 0.2, 0.2])
+    start, seen = _lora(model), {}
+    trainer.source.requests_fn = _switch(trainer.source.requests_fn, after=1)  # step 1 trains, then nothing does
+    with pytest.raises(TrainingStopped, match="no learning signal") as err:
+        asyncio.run(trainer.train(10, lambda step, m: seen.__setitem__(step, _lora(model))))
+    assert err.value.reason == "no_signal" and err.value.failed
+    assert trainer.stopped["reason"] == "no_signal" and trainer.stopped["failed"] and trainer.stopped["step"] == 3
+    assert trainer.best["step"] == 0 and trainer.best["last_step"] == 3 and "learned" not in trainer.stopped
+    assert _same(_lora(model), start) and not _same(_lora(model), seen[1])
+
+
+def test_a_run_that_learned_then_lost_its_signal_ends_as_a_success(tiny_model_dir, tmp_path):
+    """Was: a no-signal stop was a failure whatever came before it, so ``ludic train env`` exited 3 after runs
+    whose kept step had beaten the start (the held-out study's products, seed 2: 12.5% -> 42.2%, then every group
+    of 8 samples alike). Now a no-signal stop after keep-best kept a step better than the start ends the run on that
+    step, as a success, and says so; a tie with the start is no gain (the test above: the start beat every step)."""
     model, _, trainer = vowel_grpo_trainer(tiny_model_dir, tmp_path, TrainerConfig(lr=5e-2, max_no_signal_steps=2),
                                            env=["test_vowels", "test_never_rewarded"])
     _scored(trainer, [0.1, 0.9, 0.2, 0.2, 0.2])
     seen = {}
     trainer.source.requests_fn = _switch(trainer.source.requests_fn, after=1)  # step 1 learns, then nothing does
-    with pytest.raises(TrainingStopped, match="no learning signal") as err:
-        asyncio.run(trainer.train(10, lambda step, m: seen.__setitem__(step, _lora(model))))
-    assert err.value.reason == "no_signal" and err.value.failed
-    assert trainer.stopped["reason"] == "no_signal" and trainer.stopped["failed"] and trainer.stopped["step"] == 3
-    assert trainer.best["step"] == 1 and trainer.best["last_step"] == 3
+    asyncio.run(trainer.train(10, lambda step, m: seen.__setitem__(step, _lora(model))))  # returns: no raise
+    stopped = trainer.stopped
+    assert stopped["reason"] == "no_signal" and not stopped["failed"] and stopped["learned"] and stopped["step"] == 3
+    assert "learned, then lost its signal" in stopped["message"] and "step 1" in stopped["message"]
+    assert trainer.best["step"] == 1 and trainer.best["start"] == {"step": 0, "value": 0.1}
     assert _same(_lora(model), seen[1]) and not _same(_lora(model), seen[2])
+
+
+def test_a_no_signal_stop_level_with_the_start_stays_a_failure(tiny_model_dir, tmp_path):
+    """Keep-best keeps the later of two equal evaluations, so a kept step after the start can be level with it:
+    no gain, so the no-signal stop stays a failure."""
+    _, _, trainer = vowel_grpo_trainer(tiny_model_dir, tmp_path, TrainerConfig(lr=5e-2, max_no_signal_steps=2),
+                                       env=["test_vowels", "test_never_rewarded"])
+    _scored(trainer, [0.5, 0.5, 0.2, 0.2, 0.2])
+    trainer.source.requests_fn = _switch(trainer.source.requests_fn, after=1)
+    with pytest.raises(TrainingStopped, match="no learning signal"):
+        asyncio.run(trainer.train(10))
+    assert trainer.best["step"] == 1 and trainer.stopped["failed"]
 
 
 def _switch(requests_fn, after):

@@ -44,7 +44,8 @@ class KeepBest:
     def __init__(self, root: str | Path | None) -> None:
         self.root = Path(root) if root is not None else None
         self.best: dict[str, Any] = {}
-        """``{"step", "metric", "value", "eval", "last_step", "last_eval"}``: the best and the last evaluation."""
+        """``{"step", "metric", "value", "eval", "last_step", "last_eval", "start"}``: the best and the last evaluation,
+        and the first one's ``{"step", "value"}``."""
         self.state: dict[str, torch.Tensor] | None = None
         """The best evaluation's trainable weights at full precision, on the CPU."""
 
@@ -55,6 +56,7 @@ class KeepBest:
         if key not in result:
             raise KeyError(f"keep_best={spec!r}: the evaluator returned no such metric ({sorted(result)})")
         self.best.update(last_step=step, last_eval=result)
+        self.best.setdefault("start", {"step": step, "value": float(result[key])})  # the first evaluation
         if not better(spec, float(result[key]), self.best):
             return False
         self.best.update(step=step, metric=key, value=float(result[key]), eval=result)

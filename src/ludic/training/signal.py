@@ -75,7 +75,8 @@ def saturated(metrics: dict[str, Any]) -> bool:
 
 def no_signal_stop(streak: int, metrics: dict[str, Any]) -> TrainingStopped:
     """The stop after ``streak`` steps without signal: ``saturated`` (a success) when every sample of the last
-    batch succeeded, else ``no_signal`` (a failure, with what to change)."""
+    batch succeeded, else ``no_signal`` (a failure, with what to change, unless the run had learned:
+    ``learned_before_no_signal``)."""
     if saturated(metrics):
         return TrainingStopped(
             "saturated", f"{streak} steps in a row had no learning signal because every sampled episode succeeded "
@@ -110,3 +111,22 @@ def stop_record(exc: BaseException, step: int) -> dict[str, Any]:
     else:
         reason, failed = "error", True
     return {"reason": reason, "failed": failed, "step": step, "message": str(exc) or type(exc).__name__}
+
+
+def learned_before_no_signal(stopped: dict[str, Any], best: dict[str, Any], keep_best: str) -> dict[str, Any]:
+    """``stopped`` (``stop_record``) as a success when it is a no-signal stop after keep-best (``keep_best``, its
+    record ``best``) kept a step better than the start (``best["start"]``): the policy learned, then its groups
+    stopped carrying anything to compare (near-deterministic answers per prompt at this temperature), so the run ends
+    on that step, ``failed`` false and ``learned`` true. A no-signal stop that never beat the start (a tie included:
+    keep-best keeps the later of two equal steps) stays a failure: a format the model never writes, a reward that
+    never varies."""
+    kept, start = best.get("step", 0), best.get("start")
+    if stopped["reason"] != "no_signal" or not keep_best or kept <= 0 or start is None:
+        return stopped
+    sign = -1.0 if keep_best.startswith("-") else 1.0
+    if sign * best["value"] <= sign * start["value"]:
+        return stopped
+    return {**stopped, "failed": False, "learned": True, "message": (
+        f"The run learned, then lost its signal: {best['metric']} {best['value']:.4g} at step {kept} against "
+        f"{start['value']:.4g} at the start (step {start['step']}), so it ends on step {kept}, not as a failure. "
+        + stopped["message"])}

@@ -51,6 +51,7 @@ from ludic.training.precision import MasterWeights, lr_scaled, make_optimizer, m
 from ludic.training.reference import REFERENCE_FILE, ReferencePolicy, adapt_kl
 from ludic.training.keep_best import KeepBest
 from ludic.training.signal import TrainingStopped, batch_signal, lr_scale, no_signal_stop, nonfinite_stop, stop_record
+from ludic.training.signal import learned_before_no_signal
 from ludic.types import SAWItem
 
 
@@ -91,11 +92,9 @@ class Trainer:
         batch_source: BatchSource,
         config: TrainerConfig | None = None,
         *,
-        publisher: Any | None = None,
-        logger: Any | None = None,
+        publisher: Any | None = None, logger: Any | None = None,
         checkpoint_dir: str | Path | None = None,
-        tokenizer: Any | None = None,
-        ref_model: Any | None = None,
+        tokenizer: Any | None = None, ref_model: Any | None = None,
         pad_token_id: int | None = None,
         objective: Objective | None = None,
         group_key: str | None = None,
@@ -393,6 +392,7 @@ class Trainer:
             if isinstance(e, TrainingStopped) and self.keep_best and self.best.get("last_step") != self.step:
                 metrics.update(await self.evaluate())  # the step it stopped on is a candidate too
             self._end_on_best()
+            self.stopped = learned_before_no_signal(self.stopped, self.best, self.keep_best)
             if self.stopped["failed"]:
                 raise
             return metrics
@@ -401,7 +401,7 @@ class Trainer:
 
     @property
     def best(self) -> dict[str, Any]:
-        """keep_best's ``{"step", "metric", "value", "eval", "last_step", "last_eval"}``: the best and last evaluation."""
+        """keep_best's record (``KeepBest.best``): the best, the last and the first evaluation."""
         return self.keeper.best
 
     @best.setter
