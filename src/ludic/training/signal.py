@@ -9,6 +9,7 @@ from typing import Any
 
 from ludic.distributed import reduce_floats
 from ludic.errors import TrainingStopped
+from ludic.training.keep_best import better
 from ludic.types import SAWItem
 
 
@@ -120,12 +121,10 @@ def learned_before_no_signal(stopped: dict[str, Any], best: dict[str, Any], keep
     on that step, ``failed`` false and ``learned`` true. A no-signal stop that never beat the start (a tie included:
     keep-best keeps the later of two equal steps) stays a failure: a format the model never writes, a reward that
     never varies."""
-    kept, start = best.get("step", 0), best.get("start")
-    if stopped["reason"] != "no_signal" or not keep_best or kept <= 0 or start is None:
-        return stopped
-    sign = -1.0 if keep_best.startswith("-") else 1.0
-    if sign * best["value"] <= sign * start["value"]:
-        return stopped
+    start = best.get("start")
+    if stopped["reason"] != "no_signal" or not keep_best or start is None or better(keep_best, start["value"], best):
+        return stopped  # the start ties or beats the kept step (the start itself, when nothing beat it)
+    kept = best["step"]
     return {**stopped, "failed": False, "learned": True, "message": (
         f"The run learned, then lost its signal: {best['metric']} {best['value']:.4g} at step {kept} against "
         f"{start['value']:.4g} at the start (step {start['step']}), so it ends on step {kept}, not as a failure. "
