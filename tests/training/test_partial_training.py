@@ -137,3 +137,29 @@ def test_frozen_bottom_cache_refuses_trainable_bottoms_and_checks_itself(four_la
     with pytest.raises(RuntimeError, match="differ from the plain forward"):
         cache.hidden_states(decoder, mb, 0)
     assert len(decoder.layers) == 4 and [b.self_attn.layer_idx for b in decoder.layers] == [0, 1, 2, 3]
+
+
+def test_frozen_bottom_cache_under_a_top_layer_adapter_trains_like_the_plain_forward(four_layer_dir):
+    """The tic-tac-toe recipe's RL: a LoRA adapter on the top 2 of 4 layers, everything else frozen. The
+    bottom's output is the same at every step, so the cache serves it (each item computed once) and the
+    adapter ends where plain training puts it."""
+    from ludic.training.lora import LoraSettings, apply_lora, frozen_bottom_layers
+
+    ends = []
+    for cache in (False, True):
+        model, tok = load_policy(four_layer_dir, dtype="float32", seed=0)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        model = apply_lora(model, LoraSettings(rank=4, alpha=8.0, top_layers=2))
+        assert frozen_bottom_layers(model) == 2
+        trainer = Trainer(model, make_sft(), OfflineBatchSource(_chat_items(tok), 4, seed=0),
+                          TrainerConfig(lr=1e-2, cache_frozen_bottom=cache), pad_token_id=tok.pad_token_id)
+        losses = [asyncio.run(trainer.train_step())["loss"] for _ in range(6)]
+        ends.append((losses, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad},
+                     trainer.bottom_cache))
+    (plain_losses, plain, _), (losses, cached, bottom) = ends
+    assert bottom.misses == 12 and bottom.hits == 12 and bottom.stats()["items"] == 12
+    torch.testing.assert_close(losses, plain_losses, rtol=1e-4, atol=1e-5)
+    assert plain and all("lora_" in n for n in plain)
+    for n, p in plain.items():
+        torch.testing.assert_close(cached[n], p, rtol=1e-4, atol=1e-4)

@@ -100,7 +100,7 @@ async def score_positions(client: ChatClient, boards: Sequence[ttt.Board], view:
 
 EXPLORE_MODES = ("hotter", "uniform")
 """How a group's exploring samples are drawn (``PositionRLConfig.explore``)."""
-REPLAY_FROM = ("teacher", "trained")
+REPLAY_FROM = ("teacher", "trained", "all")
 """Where a batch's replay share is drawn from (``PositionRLConfig.replay``)."""
 
 
@@ -138,7 +138,10 @@ class PositionRLConfig:
     replay: str = "teacher"
     """Where the replay share comes from (``round_sets``): ``teacher``, the ``replay`` positions ``run`` is
     given (uniform over them); ``trained``, the focus positions of earlier ``run`` calls (the decisions earlier
-    rounds fixed, which a round that never draws them overwrites), the given ones only while there are none."""
+    rounds fixed, which a round that never draws them overwrites), the given ones only while there are none;
+    ``all``, every given position, the focus and pool ones included (a batch that is mostly replay is then a
+    uniform sample of the positions, not one of those already right: it cannot move a bias shared by all
+    positions toward whatever the last evaluation's failures have in common)."""
     focus_share: float = 0.0
     """Least share of each batch's groups given to ``focus`` positions: when there are fewer focus
     positions than that, they are repeated (several groups of the same decision), so the last few
@@ -217,13 +220,15 @@ class PositionGRPO:
 
 def round_sets(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: Sequence[ttt.Board],
                past_focus: Sequence[ttt.Board], cfg: PositionRLConfig) -> tuple[list, list, list]:
-    """One round's (focus, pool, replay) positions, each without repeats and disjoint from the others. The replay
+    """One round's (focus, pool, replay) positions, each without repeats and (but for ``"all"``) disjoint. The replay
     is ``replay`` (``cfg.replay="teacher"``) or the ``past_focus`` positions (``"trained"``: the decisions earlier
     rounds trained on, so a fix survives the rounds that do not draw it, taken out of the pool, where a batch
     full of focus positions would never draw them; ``replay`` while there are none)."""
     if cfg.replay not in REPLAY_FROM:
         raise ValueError(f"PositionRLConfig.replay must be one of {REPLAY_FROM}, got {cfg.replay!r}")
     focus = list(dict.fromkeys(focus))
+    if cfg.replay == "all":
+        return focus, [b for b in dict.fromkeys(pool) if b not in set(focus)], list(dict.fromkeys(replay))
     in_focus = set(focus)
     past = [b for b in dict.fromkeys(past_focus) if b not in in_focus] if cfg.replay == "trained" else []
     # an earlier focus position still in the pool (it keeps every old mistake) is replayed instead

@@ -109,9 +109,10 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     """--reward move: share of each RL batch given to positions already right (replayed: a sampled mistake
     there is corrected too, which guards against forgetting)."""
     rl_replay: str = "teacher"
-    """--reward move: where the replayed positions come from: teacher (uniform over the 335 teacher positions)
-    or trained (the decisions earlier rounds trained on as losing against minimax: a fix survives the
-    rounds that do not draw it; ``PositionRLConfig.replay``)."""
+    """--reward move: where the replayed positions come from: teacher (uniform over the teacher positions the
+    last evaluation found right: the failures are the pool's), all (uniform over all 335, right or wrong), or
+    trained (the decisions earlier rounds trained on as losing against minimax: a fix survives the rounds that
+    do not draw it; ``PositionRLConfig.replay``)."""
     rl_lr: float = 2e-4
     rl_ppo_epochs: int = 1
     """Optimizer passes over each sampled RL batch (``TrainerConfig.ppo_epochs``; the later passes are clipped

@@ -71,6 +71,11 @@ class FrozenBottomCache:
         self._states: dict[tuple[int, ...], Tensor] = {}
         self._checked = False
 
+    def stats(self) -> dict[str, float]:
+        """Distinct items stored, lookups that found their item (``hits``) or computed it (``misses``), MiB held."""
+        return {"items": float(len(self._states)), "hits": float(self.hits), "misses": float(self.misses),
+                "mib": self.bytes / 2**20}
+
     def fill(self, model: Any, items: Sequence[SAWItem], pad_id: int, rows: int = 64) -> None:
         """Compute the states of ``items`` now, ``rows`` at a time (so later steps all hit the cache
         and time the same: a budget fitted to the first steps then holds)."""
