@@ -1,6 +1,7 @@
 """The tic-tac-toe recipe and CLI end to end on the tiny model (run dir, checkpoint, resume, eval)."""
 
 import json
+import random
 import subprocess
 import sys
 
@@ -260,8 +261,7 @@ def test_replay_all_draws_uniformly_over_every_given_position_right_or_wrong():
     cfg = PositionRLConfig(replay="all", replay_fraction=0.9375, positions_per_step=16)
     focus, pool, replay = round_sets(boards[:3], boards[3:10], teacher, past_focus=boards[20:30], cfg=cfg)
     assert focus == boards[:3] and pool == boards[3:10] and replay == teacher
-    import random
-    drawn = [b for _ in range(400) for b in batch_boards(focus, pool, replay, cfg, random.Random(_))]
+    drawn = [b for seed in range(400) for b in batch_boards(focus, pool, replay, cfg, random.Random(seed))]
     wrong = sum(b in set(boards[:10]) for b in drawn)
     assert 0.1 * 0.9 < wrong / len(drawn) < 0.1 * 0.9 + 0.0625 + 0.03  # 10% of the replay, plus the one focus slot
 

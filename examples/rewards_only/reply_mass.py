@@ -27,10 +27,10 @@ def reply_mass(run_dir: Path, stage: str = "rl") -> dict[str, float]:
 
     import ludic.tictactoe.board as ttt
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.tictactoe.env import format_observation
     from ludic.tictactoe.position_rl import View, greedy_moves
     from ludic.tictactoe.prompts import ANSWER_TOKENS
-    from ludic.tictactoe.synth import teacher_positions
+    from ludic.tictactoe.synth import teacher_position_records, teacher_positions
+    from ludic.tokenization import render_ids
     from ludic.training.lora import load_policy
 
     cfg = json.loads((run_dir / "config.json").read_text())
@@ -49,12 +49,12 @@ def reply_mass(run_dir: Path, stage: str = "rl") -> dict[str, float]:
     n = len(boards)
     sums = {"greedy_value_preserving": 0.0, "argmax_value_preserving": 0.0, "sampled_value_preserving": 0.0,
             "sampled_legal": 0.0, "greedy_is_argmax": 0.0}
-    for board, g in zip(boards, greedy):
-        messages = [{"role": "system", "content": view.system_prompt},
-                    {"role": "user", "content": format_observation(board, ttt.to_move(board), None, None,
-                                                                   view.compact, view.show_moves)}]
-        prompt = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                              return_dict=True)["input_ids"])
+    # the prompts SFT, RL and the exact evaluation all use
+    # (tests/test_recipe_tictactoe.py::test_recipe_prompts_are_the_same_in_sft_data_rl_and_exact_evaluation)
+    records = teacher_position_records(view.system_prompt, compact=view.compact, style="cell",
+                                       show_moves=view.show_moves)
+    for board, g, record in zip(boards, greedy, records):
+        prompt = render_ids(tok, record["messages"])
         legal = ttt.legal_moves(board)
         replies = [tok.encode(ttt.coord(m), add_special_tokens=False) + [tok.eos_token_id] for m in legal]
         width = max(len(r) for r in replies)

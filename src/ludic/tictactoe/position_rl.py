@@ -227,9 +227,9 @@ def round_sets(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: Se
     if cfg.replay not in REPLAY_FROM:
         raise ValueError(f"PositionRLConfig.replay must be one of {REPLAY_FROM}, got {cfg.replay!r}")
     focus = list(dict.fromkeys(focus))
-    if cfg.replay == "all":
-        return focus, [b for b in dict.fromkeys(pool) if b not in set(focus)], list(dict.fromkeys(replay))
     in_focus = set(focus)
+    if cfg.replay == "all":
+        return focus, [b for b in dict.fromkeys(pool) if b not in in_focus], list(dict.fromkeys(replay))
     past = [b for b in dict.fromkeys(past_focus) if b not in in_focus] if cfg.replay == "trained" else []
     # an earlier focus position still in the pool (it keeps every old mistake) is replayed instead
     not_pooled = in_focus | set(past)
