@@ -140,7 +140,7 @@ def test_an_unknown_reward_is_refused_before_anything_runs(tmp_path):
     with pytest.raises(ValueError, match="--reward must be move or outcome"):
         recipe(RecipeConfig(model="unused", run_dir=str(tmp_path / "r"), reward="win"))
     with pytest.raises(ValueError, match="--rl-replay must be one of"):
-        recipe(RecipeConfig(model="unused", run_dir=str(tmp_path / "r"), rl_replay="all"))
+        recipe(RecipeConfig(model="unused", run_dir=str(tmp_path / "r"), rl_replay="everything"))
 
 
 def test_rl_that_collapsed_stops_instead_of_sampling_out_the_budget(tiny_model_dir, tmp_path):
