@@ -244,3 +244,21 @@ def test_the_rl_stage_takes_its_step_flags_for_either_reward():
     assert passes.trainer.ppo_epochs == 3
     games = rl_config(recipe_tictactoe_config(["--teacher", "none", "--reward", "outcome", "--rl-ppo-epochs", "2"]))
     assert isinstance(games, OutcomeRLConfig) and games.trainer.ppo_epochs == 2 and games.ladder[0] == "random"
+
+
+def test_the_last_rl_round_is_shortened_to_what_the_budget_still_holds():
+    """Found in the 27-minute rewards-only probes: a round of 64 batches took about 6 minutes, so with 4.8 minutes
+    left the recipe stopped, and every rewards-only run ended 3-5 minutes short of its budget, a fifth of its RL
+    time unused. The recipe now runs the batches that still fit before the round's and the closing evaluations."""
+    import math
+
+    from ludic.recipes.common import Clock
+
+    clock = Clock(27.0)
+    clock.t0 -= 27.0 * 60 - 4.8 * 60  # 4.8 minutes left
+    # batches of 5.2 s, a round's evaluation 40 s, the closing evaluation 97 s
+    steps = clock.steps_that_fit(5.2, reserve_s=40.0 + 97.0, most=64)
+    assert steps == math.floor((4.8 * 60 - 137.0) / 5.2)  # 29 batches, not 0
+    assert clock.steps_that_fit(1.0, reserve_s=0.0, most=64) == 64  # never more than a round
+    assert clock.steps_that_fit(5.2, reserve_s=4.8 * 60, most=64) == 0  # nothing fits
+    assert Clock(0).steps_that_fit(5.2, reserve_s=1e9, most=64) == 64  # no budget: whole rounds

@@ -44,6 +44,13 @@ class Clock:
     def add(self, stage: str, seconds: float) -> None:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
+    def steps_that_fit(self, step_s: float, reserve_s: float, most: int) -> int:
+        """How many steps of ``step_s`` seconds the time left holds after ``reserve_s`` (the evaluations still
+        to come), at most ``most`` (a whole round); ``most`` without a budget."""
+        if not self.budget_s:
+            return most
+        return max(0, min(most, math.floor((self.left() - reserve_s) / max(step_s, 1e-9))))
+
 
 VAL_SHARE = 0.25
 """Most of ``StepBudget``'s training time that validation evaluations may take."""

@@ -94,8 +94,9 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     curve_points: int = 4
     """Per-position accuracy measurements during SFT (each answers the 335 teacher positions)."""
     rl_rounds: int = 0
-    """RL rounds (0: as many as the budget allows, at most max_rl_rounds; they stop early only when
-    the goal is met: no losing decision against minimax and every teacher position value-preserving)."""
+    """RL rounds (0: as many as the budget allows, the last one cut to the batches that fit, at most max_rl_rounds;
+    they stop early only when the goal is met: no losing decision against minimax and every teacher position
+    value-preserving)."""
     max_rl_rounds: int = 0
     """Most RL rounds when rl_rounds is 0 (0: no cap but the budget; without a budget, 12)."""
     rl_steps_per_round: int = 4
@@ -384,7 +385,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     rl = rl_class(model, tok, engine, view, rl_cfg, rl_dir, logger=rl_logger)
     rounds = cfg.rl_rounds or cfg.max_rl_rounds or (10**9 if cfg.budget_minutes else 12)
     final_eval_s = clock.seconds["eval_sft"]  # what the closing full evaluation will take, about
-    focus, pool, round_s = sft_eval.focus, sft_eval.pool, 0.0
+    focus, pool, batch_s, round_eval_s = sft_eval.focus, sft_eval.pool, 0.0, 0.0
     best = (sft_eval.score(), 0, trainable_state(model))  # (score, RL batches, adapter) of the best round
     last_round: dict[str, Any] = {}  # the last round's evaluation (minimax and teacher positions)
     stopped = "rounds" if cfg.rl_rounds or cfg.max_rl_rounds or not cfg.budget_minutes else "budget"
@@ -395,11 +396,14 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
             print(f"[recipe] RL round {r + 1}: goal met, stopping with {clock.left() / 60:.1f} min of the budget "
                   "left: no losing decision against minimax and every teacher position value-preserving", flush=True)
             break
-        if cfg.budget_minutes and not cfg.rl_rounds and r and clock.left() < round_s + final_eval_s:
-            break  # one more round and the closing evaluation would not fit
-        t0 = time.perf_counter()
+        steps = cfg.rl_steps_per_round
+        if cfg.budget_minutes and not cfg.rl_rounds and r:  # the last round: the batches that still fit
+            steps = clock.steps_that_fit(batch_s, round_eval_s + final_eval_s, cfg.rl_steps_per_round)
+            if steps < max(1, cfg.rl_steps_per_round // 4):
+                break  # too few for a round and its evaluation: the closing evaluation comes
+        t0, steps_before = time.perf_counter(), rl.steps
         try:
-            await rl.run(cfg.rl_steps_per_round, pool, replay=teacher, focus=focus)
+            await rl.run(steps, pool, replay=teacher, focus=focus)
         except TrainingStopped as e:
             if e.reason not in ("empty_batches", "no_signal", "saturated"):
                 raise
@@ -409,6 +413,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
                   f"signal ({stopped_why}), so RL stops here; the best round is kept", flush=True)
             break
         t_eval = time.perf_counter()
+        batch_s = (t_eval - t0) / max(1, rl.steps - steps_before)
         # between rounds: the teacher positions and minimax only (the failures that lose games)
         round_eval = await ev.evaluate("rl", rl.steps, opponents=("minimax",))
         clock.add("eval_rl", time.perf_counter() - t_eval)
@@ -420,9 +425,9 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         # mistakes as replay otherwise)
         pool = [] if not focus and not round_eval.pool else list(
             dict.fromkeys(round_eval.pool + [b for b in pool if b not in set(round_eval.focus)]))
-        round_s = time.perf_counter() - t0
+        round_eval_s = time.perf_counter() - t_eval
         print(f"[recipe] RL round {r + 1}: {len(focus)} wrong vs minimax + {len(pool)} others left, "
-              f"{round_s:.0f} s, {clock.left() / 60:.1f} min left", flush=True)
+              f"{time.perf_counter() - t0:.0f} s ({steps} batches), {clock.left() / 60:.1f} min left", flush=True)
     rl_logger.close()
     kept = best[1]
     if kept != rl.steps:  # a later round lost ground: keep the best round's adapter
