@@ -126,3 +126,25 @@ def test_tinker_learner_refuses_truncated_sampling_for_ratio_losses(loss_fn):
         item = SAWItem((1, 2), (3, 4), 1.0, logprobs=(-0.5, -0.5), **top)
         with pytest.raises(ValueError, match="truncated, renormalised distribution"):
             asyncio.run(learner.step([item]))
+
+
+@pytest.mark.parametrize("loss_fn", ["importance_sampling", "ppo"])
+def test_tinker_learner_refuses_unknown_sampler_logprobs_for_ratio_losses(loss_fn):
+    """Found in review: an item whose sampler log-probs are unknown (NaN: an exploring reply the policy did not
+    sample, UniformCellClient / FunctionClient(logprob=nan); None: no log-probs at all) went to the service as
+    NaN (a NaN loss for the whole batch) or as 0.0 (a ratio of p instead of 1). The local Trainer scores a NaN
+    with a ratio of 1, which one Tinker call cannot: it needs the new log-prob first. Refused, named."""
+    import asyncio
+    import math
+
+    from ludic.training.tinker import TinkerLearner
+    from ludic.types import SAWItem
+
+    learner = TinkerLearner(None, None, loss_fn=loss_fn)
+    for lp in ((-0.5, math.nan), None):
+        item = SAWItem((1, 2), (3, 4), 1.0, logprobs=lp, meta={"rollout_id": "r7"})
+        with pytest.raises(ValueError, match="item r7 .*unknown sampler log-prob"):
+            asyncio.run(learner.step([item]))
+    ok = SAWItem((1, 2), (3, 4), 1.0, logprobs=(-0.5, math.nan), action_mask=(1, 0))  # unknown where not trained
+    from ludic.training.tinker import refuse_unknown_logprobs
+    refuse_unknown_logprobs([ok], loss_fn)

@@ -17,6 +17,7 @@ the ratio to the sampler; ``ppo`` clips it.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Sequence
 
@@ -58,6 +59,21 @@ def saw_to_datum(item: SAWItem, scale: float = 1.0, loss_fn: str = "importance_s
     return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]), loss_fn_inputs=inputs)
 
 
+def refuse_unknown_logprobs(items: Sequence[SAWItem], loss_name: str) -> None:
+    """Raise for an item with no sampler log-prob at a trained token (None, or NaN: a reply the policy did not
+    sample, such as ``FunctionClient(logprob=nan)``'s exploring moves). The local ``Trainer`` scores those with a
+    ratio of 1 (the new log-prob as the old), which one Tinker call cannot do: the service divides by what it is
+    sent, so a NaN would poison the batch's loss and a stand-in 0.0 would weight the token by its probability."""
+    for it in items:
+        mask = it.action_mask or (1,) * len(it.completion_ids)
+        if it.logprobs is None or any(m and math.isnan(lp) for m, lp in zip(mask, it.logprobs)):
+            raise ValueError(
+                f"item {it.meta.get('rollout_id', '?')} (step {it.meta.get('step_index', '?')}) has an unknown "
+                f"sampler log-prob at a trained token, and the {loss_name!r} loss divides by it. Sample every "
+                "trained reply from the policy (e.g. explore='hotter' instead of 'uniform'), or use the "
+                "cross_entropy loss.")
+
+
 class TinkerLearner:
     """Trains a ``tinker.TrainingClient`` on SAW batches and hands each new version to the sampler.
 
@@ -93,6 +109,7 @@ class TinkerLearner:
             return {"skipped_empty_batch": 1.0, **await self.publish()}
         if self.loss_fn in RATIO_LOSSES:
             refuse_truncated_sampling(items, self.loss_fn)
+            refuse_unknown_logprobs(items, self.loss_fn)
         tokens = sum(it.num_action_tokens for it in items)
         data = [saw_to_datum(it, 1.0 / max(1, tokens), self.loss_fn) for it in items]
         fb = self.training_client.forward_backward(data, self.loss_fn)  # both submitted before waiting
