@@ -220,6 +220,7 @@ def test_the_outcome_reward_runs_with_the_modes_defaults():
     cfg = recipe_tictactoe_config(["--teacher", "none", "--reward", "outcome"])
     check_config(cfg)
     assert cfg.rl_explore_samples == 0 and cfg.show_moves and cfg.cold_start_epochs == 0.5
+    assert cfg.rl_steps_per_round == 16 and cfg.group_size == 8 and cfg.rl_replay == "teacher"  # as its studies ran
     # the move reward's step (a LoRA at 1e-3) collapsed the outcome reward's groups within 20 batches (every game of
     # a group alike, RL stopped for lack of signal at 21 minutes); the solver path's 2e-4 ran its 27 minutes
     assert cfg.rl_lr == RecipeConfig().rl_lr < REWARDS_ONLY_DEFAULTS["rl_lr"]
@@ -239,11 +240,13 @@ def test_the_rl_stage_takes_its_step_flags_for_either_reward():
 
     plain = rl_config(recipe_tictactoe_config(["--teacher", "none"]))
     assert isinstance(plain, PositionRLConfig) and plain.trainer.ppo_epochs == 1 and plain.trainer.lr == 1e-3
-    assert plain.explore == "uniform" and plain.explore_samples == 2
+    assert plain.explore == "uniform" and plain.explore_samples == 1 and plain.group_size == 4
+    assert plain.replay == "all" and plain.replay_fraction == 0.94
     passes = rl_config(recipe_tictactoe_config(["--teacher", "none", "--rl-ppo-epochs", "3"]))
     assert passes.trainer.ppo_epochs == 3
     games = rl_config(recipe_tictactoe_config(["--teacher", "none", "--reward", "outcome", "--rl-ppo-epochs", "2"]))
     assert isinstance(games, OutcomeRLConfig) and games.trainer.ppo_epochs == 2 and games.ladder[0] == "random"
+    assert games.group_size == 8  # the batch shape measured with the move reward is the move reward's only
 
 
 def test_the_last_rl_round_is_shortened_to_what_the_budget_still_holds():

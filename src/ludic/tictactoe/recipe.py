@@ -166,29 +166,39 @@ def no_signal_why(stopped: str, metrics: dict[str, Any]) -> str:
 
 
 REWARDS_ONLY_DEFAULTS: dict[str, Any] = {
-    "show_moves": True, "cold_start_epochs": 0.5, "curve_points": 0, "rl_steps_per_round": 16, "rl_lr": 1e-3,
-    "rl_explore_samples": 2, "rl_explore": "uniform",
+    "show_moves": True, "cold_start_epochs": 0.5, "curve_points": 0, "rl_steps_per_round": 64, "rl_lr": 1e-3,
+    "group_size": 4, "rl_explore_samples": 1, "rl_explore": "uniform", "rl_replay": "all", "rl_replay_fraction": 0.94,
 }
 """The defaults of ``--teacher none`` where they differ from the solver path's (``ludic recipe tictactoe
 --teacher none`` parses with them; flags given still win; ``rewards_only_config`` in Python). Each was measured
 against the solver path's value in this mode (docs/studies.md, "Tic-tac-toe from rewards alone"): the free cells
 in the prompt make the random-cell cold start 100% legal in half an epoch; with no SFT curve to draw, its
-evaluations are skipped; 16 RL batches between exact evaluations, which took 54% of the run at 4; a LoRA at
-1e-3 learns where 2e-4 barely moves; two of each group's eight samples are uniformly random legal cells (learned
-from only when they beat the group), which keep signal in groups the policy answers alike."""
+evaluations are skipped; a LoRA at 1e-3 learns where 2e-4 barely moves. Batches of 16 positions, 15 of them drawn
+uniformly from all 335 (right or wrong: the failure curriculum swung from round to round), in groups of 4 samples
+of which one is a uniformly random legal cell (learned from only when it beats the group: it keeps signal where
+the policy answers alike), 64 batches between exact evaluations: against the earlier defaults (failure pool,
+groups of 8 with 2 random, 16 batches a round) seeds 0-2 kept 60-64% value-preserving moves instead of 47-58%,
+exact non-loss against minimax about level (docs/studies.md)."""
 
 
-MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore", "rl_lr")
-"""Defaults of the mode that only the move reward takes: a position's group explores, a game's does not; and the LoRA
+MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore", "rl_lr", "group_size", "rl_replay", "rl_replay_fraction")
+"""Defaults of the mode that only the move reward takes: a position's group explores, a game's does not; the LoRA
 at 1e-3, measured with the move reward, collapsed the outcome reward's groups within 20 batches (every game of a
 group alike, so RL stopped for lack of signal at 21 of 57 minutes), where the solver path's 2e-4 ran its 27 minutes
-(docs/studies.md)."""
+(docs/studies.md); the batch shape and the uniform replay were measured with the move reward only, so the outcome
+reward keeps 16 batches a round (``OUTCOME_REWARD_DEFAULTS``) of groups of 8."""
+
+OUTCOME_REWARD_DEFAULTS: dict[str, Any] = {"rl_steps_per_round": 16}
+"""Where the outcome reward's defaults differ from the move reward's in this mode (what its studies ran with)."""
 
 
 def rewards_only_defaults(reward: str = "move") -> dict[str, Any]:
     """``REWARDS_ONLY_DEFAULTS`` for ``reward``: under ``outcome`` without ``MOVE_REWARD_ONLY`` (the exploring
-    samples and the 1e-3 step), so the outcome reward takes the solver path's values of those."""
-    return {k: v for k, v in REWARDS_ONLY_DEFAULTS.items() if reward == "move" or k not in MOVE_REWARD_ONLY}
+    samples, the 1e-3 step, the batch shape), so the outcome reward takes the solver path's values of those, and
+    with ``OUTCOME_REWARD_DEFAULTS``."""
+    if reward == "move":
+        return dict(REWARDS_ONLY_DEFAULTS)
+    return {**{k: v for k, v in REWARDS_ONLY_DEFAULTS.items() if k not in MOVE_REWARD_ONLY}, **OUTCOME_REWARD_DEFAULTS}
 
 
 def rewards_only_config(**overrides: Any) -> RecipeConfig:
