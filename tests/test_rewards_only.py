@@ -265,3 +265,47 @@ def test_the_last_rl_round_is_shortened_to_what_the_budget_still_holds():
     assert clock.steps_that_fit(1.0, reserve_s=0.0, most=64) == 64  # never more than a round
     assert clock.steps_that_fit(5.2, reserve_s=4.8 * 60, most=64) == 0  # nothing fits
     assert Clock(0).steps_that_fit(5.2, reserve_s=1e9, most=64) == 64  # no budget: whole rounds
+
+
+def test_the_rl_learning_rate_can_decay_over_the_batches_the_budget_holds():
+    """``--rl-lr-schedule cosine``: a constant step keeps the rewards-only policy moving by about as much as it
+    learns (value-preserving moves on the 335 positions swung by 5 points from round to round at 1e-3); a decay to 0
+    needs the RL stage's length, which a budgeted run knows only in batches it has timed. ``Clock.batches_left``
+    counts them the way the recipe's round loop runs them (whole rounds, then a last one cut to what fits, none of
+    fewer than a quarter of a round)."""
+    import pytest
+
+    from ludic.cli import recipe_tictactoe_config
+    from ludic.recipes.common import Clock
+    from ludic.tictactoe.recipe import check_config, rl_config
+
+    clock = Clock(27.0)
+    clock.t0 -= 27.0 * 60 - 20.0 * 60  # 20 minutes left
+    # batches of 5 s, a round's evaluation 60 s, the closing one 100 s, 64 batches a round: 64 + 64 + a cut 56
+    assert clock.batches_left(5.0, round_eval_s=60.0, final_s=100.0, per_round=64, left=20.0 * 60) == 184
+    assert clock.batches_left(5.0, round_eval_s=60.0, final_s=100.0, per_round=64) in (183, 184)  # the clock's own
+    assert clock.batches_left(5.0, 60.0, 100.0, 64, left=160.0 + 15 * 5.0) == 0  # 15 < a quarter round
+    assert clock.batches_left(5.0, 60.0, 100.0, 64, left=160.0 + 16 * 5.0) == 16
+    assert Clock(0).batches_left(5.0, 60.0, 100.0, 64) == 0  # no budget: the rounds are counted instead
+    assert clock.batches_left(0.0, 0.0, 0.0, 64) == 0  # nothing timed yet: no plan, not an endless one
+
+    plain = rl_config(recipe_tictactoe_config(["--teacher", "none"]))
+    assert plain.trainer.lr_schedule == "constant"
+    counted = rl_config(recipe_tictactoe_config(["--teacher", "none", "--rl-lr-schedule", "cosine", "--rl-rounds", "3"]))
+    assert counted.trainer.lr_schedule == "cosine" and counted.trainer.total_steps == 3 * 64
+    with pytest.raises(ValueError, match="--rl-lr-schedule"):
+        check_config(recipe_tictactoe_config(["--teacher", "none", "--rl-lr-schedule", "step"]))
+
+
+def test_a_decaying_rl_step_reaches_zero_at_the_last_batch(tiny_model_dir, tmp_path):
+    """The RL stage's logged learning rate under ``--rl-lr-schedule cosine`` falls from ``--rl-lr`` at the first
+    batch towards 0 at the last, over every round."""
+    from ludic.tictactoe.recipe import recipe, rewards_only_config
+
+    run = tmp_path / "run"  # the tiny model's own samples are illegal: the group's random legal cell beats them
+    recipe(rewards_only_config(model=str(tiny_model_dir), run_dir=str(run), budget_minutes=0, sft_steps=1,
+                               sft_batch_size=8, rl_rounds=2, rl_steps_per_round=3, positions_per_step=3,
+                               rl_lr_schedule="cosine", eval_base=False, logger="none"))
+    lrs = [m["lr"] for m in map(json.loads, (run / "rl" / "metrics.jsonl").read_text().splitlines()) if "lr" in m]
+    assert len(lrs) >= 4 and lrs[0] == 1e-3
+    assert all(a > b for a, b in zip(lrs, lrs[1:])) and lrs[-1] < 0.1e-3

@@ -44,12 +44,26 @@ class Clock:
     def add(self, stage: str, seconds: float) -> None:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
 
-    def steps_that_fit(self, step_s: float, reserve_s: float, most: int) -> int:
-        """How many steps of ``step_s`` seconds the time left holds after ``reserve_s`` (the evaluations still
-        to come), at most ``most`` (a whole round); ``most`` without a budget."""
+    def steps_that_fit(self, step_s: float, reserve_s: float, most: int, left: float | None = None) -> int:
+        """How many steps of ``step_s`` seconds the time left (or ``left`` seconds) holds after ``reserve_s`` (the
+        evaluations still to come), at most ``most`` (a whole round); ``most`` without a budget."""
         if not self.budget_s:
             return most
-        return max(0, min(most, math.floor((self.left() - reserve_s) / max(step_s, 1e-9))))
+        left = self.left() if left is None else left
+        return max(0, min(most, math.floor((left - reserve_s) / max(step_s, 1e-9))))
+
+    def batches_left(self, step_s: float, round_eval_s: float, final_s: float, per_round: int,
+                     left: float | None = None) -> int:
+        """The steps the rounds still to come will run in the time left (or ``left`` seconds), as a budgeted round
+        loop runs them: each round ``steps_that_fit`` before its evaluation (``round_eval_s``) and the closing one
+        (``final_s``), and no round of fewer than a quarter of ``per_round``. The length of a learning-rate decay
+        over the budget; 0 without a budget or before a step was timed."""
+        if not self.budget_s or step_s <= 0:
+            return 0
+        left, total = self.left() if left is None else left, 0
+        while (steps := self.steps_that_fit(step_s, round_eval_s + final_s, per_round, left)) >= max(1, per_round // 4):
+            total, left = total + steps, left - steps * step_s - round_eval_s
+        return total
 
 
 VAL_SHARE = 0.25

@@ -34,12 +34,13 @@ from ludic.recipes.blocks import ModelBlock, RunBlock, load_policy_for
 from ludic.tictactoe.prompts import ANSWER_TOKENS, ColdStartBlock
 from ludic.recipes.common import Clock, machine
 from ludic.tictactoe.recipe_eval import Evaluator, load_trainable_state, trainable_state
-from ludic.tictactoe.recipe_report import write_report
+from ludic.tictactoe.recipe_report import precision, write_report
 from ludic.tictactoe.showcase import write_games
 from ludic.training.signal import TrainingStopped
 
 CALIBRATION_STEPS = 6
-"""SFT steps timed before the step count is fitted to the budget (their median, the first left out)."""
+"""SFT steps timed before the step count is fitted to the budget, and RL batches before a decaying step is planned
+over it (their median, the first left out)."""
 
 
 @dataclass
@@ -115,6 +116,10 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     trained (the decisions earlier rounds trained on as losing against minimax: a fix survives the rounds that
     do not draw it; ``PositionRLConfig.replay``)."""
     rl_lr: float = 2e-4
+    rl_lr_schedule: str = "constant"
+    """The RL step over the stage: constant, or a cosine or linear decay to 0 at its last batch (with a budget, over
+    the batches it holds, re-planned from the measured batch and evaluation times after the first batches and each
+    round; ``Clock.batches_left``)."""
     rl_ppo_epochs: int = 1
     """Optimizer passes over each sampled RL batch (``TrainerConfig.ppo_epochs``; the later passes are clipped
     against the sampling policy): more learned from each visit to a position, for the cost of the training alone."""
@@ -207,13 +212,19 @@ def rewards_only_config(**overrides: Any) -> RecipeConfig:
     return RecipeConfig(**{"teacher": "none", **rewards_only_defaults(overrides.get("reward", "move")), **overrides})
 
 
+def counted_rounds(cfg: RecipeConfig) -> int:
+    """The RL rounds a run without a budget runs (0 with one: the budget decides)."""
+    return cfg.rl_rounds or (0 if cfg.budget_minutes else cfg.max_rl_rounds or 12)
+
+
 def rl_config(cfg: RecipeConfig) -> Any:
     """The RL stage's settings from the recipe's flags: a ``PositionRLConfig`` (``--reward move``) or an
     ``OutcomeRLConfig`` (``--reward outcome``: whole games against the opponent ladder), with the same step."""
     from ludic.tictactoe.position_rl import PositionRLConfig
     from ludic.training.config import TrainerConfig
 
-    trainer = TrainerConfig(lr=cfg.rl_lr, max_grad_norm=1.0, ppo_epochs=cfg.rl_ppo_epochs,
+    trainer = TrainerConfig(lr=cfg.rl_lr, lr_schedule=cfg.rl_lr_schedule, total_steps=counted_rounds(cfg) * cfg.rl_steps_per_round,
+                            max_grad_norm=1.0, ppo_epochs=cfg.rl_ppo_epochs,
                             scale_lr_by_signal=cfg.rl_scale_lr_by_signal, micro_token_budget=cfg.micro_token_budget)
     if cfg.reward == "outcome":
         from ludic.tictactoe.game_rl import OutcomeRLConfig
@@ -246,6 +257,8 @@ def check_config(cfg: RecipeConfig) -> None:
         raise ValueError(f"--teacher none answers with a bare cell or <move>: --answer cell or move, not {cfg.answer!r}")
     if cfg.rl_replay not in REPLAY_FROM:
         raise ValueError(f"--rl-replay must be one of {REPLAY_FROM}, got {cfg.rl_replay!r}")
+    if cfg.rl_lr_schedule not in ("constant", "cosine", "linear"):
+        raise ValueError(f"--rl-lr-schedule must be constant, cosine or linear, got {cfg.rl_lr_schedule!r}")
     if not 0.0 <= cfg.rl_replay_fraction < 1.0:
         raise ValueError(f"--rl-replay-fraction must be in [0, 1), got {cfg.rl_replay_fraction}")
     if cfg.rl_explore not in EXPLORE_MODES:
@@ -393,13 +406,24 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     else:
         rl_class = PositionGRPO
     rl = rl_class(model, tok, engine, view, rl_cfg, rl_dir, logger=rl_logger)
-    rounds = cfg.rl_rounds or cfg.max_rl_rounds or (10**9 if cfg.budget_minutes else 12)
+    rounds = counted_rounds(cfg) or cfg.max_rl_rounds or 10**9
     final_eval_s = clock.seconds["eval_sft"]  # what the closing full evaluation will take, about
     focus, pool, batch_s, round_eval_s = sft_eval.focus, sft_eval.pool, 0.0, 0.0
     best = (sft_eval.score(), 0, trainable_state(model))  # (score, RL batches, adapter) of the best round
     last_round: dict[str, Any] = {}  # the last round's evaluation (minimax and teacher positions)
     stopped = "rounds" if cfg.rl_rounds or cfg.max_rl_rounds or not cfg.budget_minutes else "budget"
     stopped_why = ""  # a stop without signal: what the last batch's samples were (no_signal_why)
+    decays, timed = cfg.rl_lr_schedule != "constant" and bool(cfg.budget_minutes) and not cfg.rl_rounds, []
+
+    def plan_decay(step_s: float, eval_s: float, in_round: int = 0) -> None:  # the decay's end: the last batch that fits
+        left = clock.left() - (in_round * step_s + eval_s if in_round else 0.0)
+        rl.trainer.cfg.total_steps = rl.trainer.step + in_round + clock.batches_left(
+            step_s, eval_s, final_eval_s, cfg.rl_steps_per_round, left)
+
+    def on_step(_: int, m: dict) -> None:  # first round: plan from its first batches, the round's evaluation ~ the closing one
+        timed.append(m.get("step_s", 0.0))
+        if decays and len(timed) == CALIBRATION_STEPS < steps:
+            plan_decay(statistics.median(timed[1:]), final_eval_s, steps - CALIBRATION_STEPS)
     for r in range(rounds):
         if not focus and not pool:
             stopped = "goal"
@@ -413,7 +437,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
                 break  # too few for a round and its evaluation: the closing evaluation comes
         t0, steps_before = time.perf_counter(), rl.steps
         try:
-            await rl.run(steps, pool, replay=teacher, focus=focus)
+            await rl.run(steps, pool, replay=teacher, focus=focus, on_step=on_step)
         except TrainingStopped as e:
             if e.reason not in ("empty_batches", "no_signal", "saturated"):
                 raise
@@ -436,6 +460,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         pool = [] if not focus and not round_eval.pool else list(
             dict.fromkeys(round_eval.pool + [b for b in pool if b not in set(round_eval.focus)]))
         round_eval_s = time.perf_counter() - t_eval
+        if decays:
+            plan_decay(batch_s, round_eval_s)
         print(f"[recipe] RL round {r + 1}: {len(focus)} wrong vs minimax + {len(pool)} others left, "
               f"{time.perf_counter() - t0:.0f} s ({steps} batches), {clock.left() / 60:.1f} min left", flush=True)
     rl_logger.close()
@@ -456,7 +482,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
               "budget_seconds": clock.budget_s, "sft_steps": step, "sft_epochs": step * cfg.sft_batch_size / len(items),
               "rl_steps": rl.steps, "rl_kept_step": kept, "rl_last_round": last_round, "rl_stopped": stopped,
               "rl_stopped_why": stopped_why,
-              "precision": precision(model, cfg), "sft_records": len(items), "prompt_tokens": prompt_tokens,
+              "precision": precision(model, cfg.dtype), "sft_records": len(items), "prompt_tokens": prompt_tokens,
               "answer_tokens": answer_tokens, "curve": ev.curve, "machine": machine(), "config": asdict(cfg)}
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     write_report(run_dir, report)
@@ -465,14 +491,3 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     print(f"[recipe] report: {run_dir / 'report.md'} and {build_report(run_dir)}", flush=True)
     return report
 
-
-def precision(model: Any, cfg: RecipeConfig) -> dict[str, str]:
-    """The compute dtype ``--dtype`` resolved to, how each stage kept its weights, and the fast path."""
-    from ludic import fastpath
-
-    dtype = str(next(p for n, p in model.named_parameters() if "lora_" not in n).dtype).replace("torch.", "")
-    low = dtype != "float32"
-    return {"dtype": dtype, "requested": cfg.dtype,
-            "sft": f"{dtype} compute, fp32 master weights and AdamW state" if low else "float32",
-            "rl": f"{dtype} compute, fp32 LoRA adapters and AdamW state" if low else "float32",
-            "evaluated_in": dtype, "fast_path": fastpath.describe()}

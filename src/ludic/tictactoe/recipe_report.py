@@ -22,6 +22,18 @@ def eval_command(run_dir: Path, cfg: dict[str, Any]) -> str:
             f"--max-tokens {ANSWER_TOKENS[cfg['answer']]}")
 
 
+def precision(model: Any, requested: str) -> dict[str, str]:
+    """The compute dtype ``--dtype`` (``requested``) resolved to, how each stage kept its weights, and the fast path."""
+    from ludic import fastpath
+
+    dtype = str(next(p for n, p in model.named_parameters() if "lora_" not in n).dtype).replace("torch.", "")
+    low = dtype != "float32"
+    return {"dtype": dtype, "requested": requested,
+            "sft": f"{dtype} compute, fp32 master weights and AdamW state" if low else "float32",
+            "rl": f"{dtype} compute, fp32 LoRA adapters and AdamW state" if low else "float32",
+            "evaluated_in": dtype, "fast_path": fastpath.describe()}
+
+
 def _precision_text(p: dict[str, str] | None, requested: str) -> str:
     if not p:
         return f"dtype {requested}."
