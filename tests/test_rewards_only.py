@@ -38,6 +38,10 @@ def test_rewards_only_shows_the_policy_no_solver_move(tiny_model_dir, tmp_path):
     rl = [json.loads(line) for line in (run / "rl" / "rollouts.jsonl").read_text().splitlines()]
     assert rl and all(v >= 0 for r in rl for s in r["steps"] for v in s["trace"]["policy_versions"])  # sampled
     assert statistics.fmean(len(s["trace"]["completion_ids"]) for r in rl for s in r["steps"]) > 0
+    # the cold start's records are 4 random cells a position: the report counts positions as positions (it said
+    # "the 1340 positions the solver teacher can face")
+    text = (run / "report.md").read_text()
+    assert "the 335 positions" in text and "1340 positions" not in text and f"{len(records)} records" in text
 
 
 def test_the_solver_mode_writes_its_teacher_records_too(tiny_model_dir, tmp_path):

@@ -173,6 +173,7 @@ def no_signal_why(stopped: str, metrics: dict[str, Any]) -> str:
 REWARDS_ONLY_DEFAULTS: dict[str, Any] = {
     "show_moves": True, "cold_start_epochs": 0.5, "curve_points": 0, "rl_steps_per_round": 64, "rl_lr": 1e-3,
     "group_size": 4, "rl_explore_samples": 1, "rl_explore": "uniform", "rl_replay": "all", "rl_replay_fraction": 0.94,
+    "rl_lr_schedule": "cosine",
 }
 """The defaults of ``--teacher none`` where they differ from the solver path's (``ludic recipe tictactoe
 --teacher none`` parses with them; flags given still win; ``rewards_only_config`` in Python). Each was measured
@@ -183,10 +184,13 @@ uniformly from all 335 (right or wrong: the failure curriculum swung from round 
 of which one is a uniformly random legal cell (learned from only when it beats the group: it keeps signal where
 the policy answers alike), 64 batches between exact evaluations: against the earlier defaults (failure pool,
 groups of 8 with 2 random, 16 batches a round) seeds 0-2 kept 60-64% value-preserving moves instead of 47-58%,
-exact non-loss against minimax about level (docs/studies.md)."""
+exact non-loss against minimax about level. The step decays (cosine, to 0 at the last batch the budget holds):
+at a constant 1e-3 the policy's moves plateaued at about 65% value-preserving, with the decay they went on to 88%
+(docs/studies.md)."""
 
 
-MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore", "rl_lr", "group_size", "rl_replay", "rl_replay_fraction")
+MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore", "rl_lr", "rl_lr_schedule", "group_size", "rl_replay",
+                    "rl_replay_fraction")
 """Defaults of the mode that only the move reward takes: a position's group explores, a game's does not; the LoRA
 at 1e-3, measured with the move reward, collapsed the outcome reward's groups within 20 batches (every game of a
 group alike, so RL stopped for lack of signal at 21 of 57 minutes), where the solver path's 2e-4 ran its 27 minutes
@@ -223,8 +227,8 @@ def rl_config(cfg: RecipeConfig) -> Any:
     from ludic.tictactoe.position_rl import PositionRLConfig
     from ludic.training.config import TrainerConfig
 
-    trainer = TrainerConfig(lr=cfg.rl_lr, lr_schedule=cfg.rl_lr_schedule, total_steps=counted_rounds(cfg) * cfg.rl_steps_per_round,
-                            max_grad_norm=1.0, ppo_epochs=cfg.rl_ppo_epochs,
+    trainer = TrainerConfig(lr=cfg.rl_lr, lr_schedule=cfg.rl_lr_schedule, max_grad_norm=1.0,
+                            total_steps=counted_rounds(cfg) * cfg.rl_steps_per_round, ppo_epochs=cfg.rl_ppo_epochs,
                             scale_lr_by_signal=cfg.rl_scale_lr_by_signal, micro_token_budget=cfg.micro_token_budget)
     if cfg.reward == "outcome":
         from ludic.tictactoe.game_rl import OutcomeRLConfig
@@ -328,7 +332,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     clock.add("datagen", time.perf_counter() - t0)
     prompt_tokens = sum(len(i.prompt_ids) for i in items) / len(items)
     answer_tokens = sum(len(i.completion_ids) for i in items) / len(items)
-    print(f"[recipe] teacher data: {len(items)} positions, {prompt_tokens:.0f} prompt + "
+    print(f"[recipe] teacher data: {len(items)} records on {len(teacher)} positions, {prompt_tokens:.0f} prompt + "
           f"{answer_tokens:.0f} answer tokens each", flush=True)
 
     # ------------------------------------------------------------------ 2. SFT
@@ -415,12 +419,12 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     stopped_why = ""  # a stop without signal: what the last batch's samples were (no_signal_why)
     decays, timed = cfg.rl_lr_schedule != "constant" and bool(cfg.budget_minutes) and not cfg.rl_rounds, []
 
-    def plan_decay(step_s: float, eval_s: float, in_round: int = 0) -> None:  # the decay's end: the last batch that fits
-        left = clock.left() - (in_round * step_s + eval_s if in_round else 0.0)
+    def plan_decay(step_s: float, eval_s: float, in_round: int = 0) -> None:  # the decay ends at the last batch
+        left = clock.left() - (in_round * step_s + eval_s if in_round else 0.0)  # after this round, if in one
         rl.trainer.cfg.total_steps = rl.trainer.step + in_round + clock.batches_left(
             step_s, eval_s, final_eval_s, cfg.rl_steps_per_round, left)
 
-    def on_step(_: int, m: dict) -> None:  # first round: plan from its first batches, the round's evaluation ~ the closing one
+    def on_step(_: int, m: dict) -> None:  # round 1: plan from its first batches (its evaluation ~ the closing one)
         timed.append(m.get("step_s", 0.0))
         if decays and len(timed) == CALIBRATION_STEPS < steps:
             plan_decay(statistics.median(timed[1:]), final_eval_s, steps - CALIBRATION_STEPS)
@@ -481,8 +485,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
               "promotions": getattr(rl, "promotions", None), "results": ev.stage_results, "seconds": clock.seconds, "total_seconds": clock.elapsed(),
               "budget_seconds": clock.budget_s, "sft_steps": step, "sft_epochs": step * cfg.sft_batch_size / len(items),
               "rl_steps": rl.steps, "rl_kept_step": kept, "rl_last_round": last_round, "rl_stopped": stopped,
-              "rl_stopped_why": stopped_why,
-              "precision": precision(model, cfg.dtype), "sft_records": len(items), "prompt_tokens": prompt_tokens,
+              "rl_stopped_why": stopped_why, "precision": precision(model, cfg.dtype), "sft_records": len(items),
+              "teacher_positions": len(teacher), "prompt_tokens": prompt_tokens,
               "answer_tokens": answer_tokens, "curve": ev.curve, "machine": machine(), "config": asdict(cfg)}
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))
     write_report(run_dir, report)

@@ -71,11 +71,12 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
         "# Tic-tac-toe recipe report\n\n"
         "Exact evaluation of the greedy policy: every branch of the opponent (minimax's tie-breaks, "
         "random's moves) and both seats enumerated; no sampling noise. Teacher positions: the "
-        f"{report['sft_records']} positions the solver teacher can face (perfect play needs them all).\n\n"
+        f"{report.get('teacher_positions', report['sft_records'])} positions the solver teacher can face (perfect "
+        "play needs them all).\n\n"
         + "\n".join(rows)
         + f"\n\n| stage | wall time |\n|---|---|\n{times}\n| **total** | **{report['total_seconds'] / 60:.2f} min**"
           f"{budget} |\n\n"
-        f"SFT: {report['sft_steps']} steps ({report['sft_epochs']:.1f} epochs) on {report['sft_records']} positions, "
+        f"SFT: {report['sft_steps']} steps ({report['sft_epochs']:.1f} epochs) on {report['sft_records']} records, "
         f"{report['prompt_tokens']:.0f} prompt + {report['answer_tokens']:.0f} answer tokens each. "
         + (f"RL: {report['rl_steps']} position-level GRPO batches (the solver's move-quality reward) in rounds, "
            if report.get("reward", "move") == "move" else
