@@ -293,8 +293,10 @@ def test_the_rl_learning_rate_can_decay_over_the_batches_the_budget_holds():
     assert Clock(0).batches_left(5.0, 60.0, 100.0, 64) == 0  # no budget: the rounds are counted instead
     assert clock.batches_left(0.0, 0.0, 0.0, 64) == 0  # nothing timed yet: no plan, not an endless one
 
-    plain = rl_config(recipe_tictactoe_config(["--teacher", "none"]))
-    assert plain.trainer.lr_schedule == "constant"
+    assert rl_config(recipe_tictactoe_config(["--teacher", "none"])).trainer.lr_schedule == "cosine"  # the mode's
+    assert rl_config(recipe_tictactoe_config([])).trainer.lr_schedule == "constant"  # the solver path's
+    assert rl_config(recipe_tictactoe_config(["--teacher", "none", "--reward", "outcome"])).trainer.lr_schedule == \
+        "constant"  # not measured with the outcome reward
     counted = rl_config(recipe_tictactoe_config(["--teacher", "none", "--rl-lr-schedule", "cosine", "--rl-rounds", "3"]))
     assert counted.trainer.lr_schedule == "cosine" and counted.trainer.total_steps == 3 * 64
     with pytest.raises(ValueError, match="--rl-lr-schedule"):
