@@ -52,16 +52,22 @@ class Clock:
         left = self.left() if left is None else left
         return max(0, min(most, math.floor((left - reserve_s) / max(step_s, 1e-9))))
 
+    def round_that_fits(self, step_s: float, reserve_s: float, per_round: int, left: float | None = None) -> int:
+        """The steps of the next round of a budgeted round loop: ``steps_that_fit``, or 0 (no round: the closing
+        evaluation comes) when that is fewer than a quarter of ``per_round``."""
+        steps = self.steps_that_fit(step_s, reserve_s, per_round, left)
+        return steps if steps >= max(1, per_round // 4) else 0
+
     def batches_left(self, step_s: float, round_eval_s: float, final_s: float, per_round: int,
                      left: float | None = None) -> int:
         """The steps the rounds still to come will run in the time left (or ``left`` seconds), as a budgeted round
-        loop runs them: each round ``steps_that_fit`` before its evaluation (``round_eval_s``) and the closing one
-        (``final_s``), and no round of fewer than a quarter of ``per_round``. The length of a learning-rate decay
-        over the budget; 0 without a budget or before a step was timed."""
+        loop runs them: each round ``round_that_fits`` before its evaluation (``round_eval_s``) and the closing one
+        (``final_s``). The length of a learning-rate decay over the budget; 0 without a budget or before a step
+        was timed."""
         if not self.budget_s or step_s <= 0:
             return 0
         left, total = self.left() if left is None else left, 0
-        while (steps := self.steps_that_fit(step_s, round_eval_s + final_s, per_round, left)) >= max(1, per_round // 4):
+        while steps := self.round_that_fits(step_s, round_eval_s + final_s, per_round, left):
             total, left = total + steps, left - steps * step_s - round_eval_s
         return total
 

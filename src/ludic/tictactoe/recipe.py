@@ -249,6 +249,7 @@ def rl_config(cfg: RecipeConfig) -> Any:
 def check_config(cfg: RecipeConfig) -> None:
     """The flags' errors, before anything loads: a ``ValueError`` that names the flag."""
     from ludic.tictactoe.position_rl import EXPLORE_MODES, REPLAY_FROM
+    from ludic.training.config import LR_SCHEDULES
     from ludic.training.loggers import logger_names
 
     if cfg.answer not in ANSWER_TOKENS:
@@ -261,8 +262,8 @@ def check_config(cfg: RecipeConfig) -> None:
         raise ValueError(f"--teacher none answers with a bare cell or <move>: --answer cell or move, not {cfg.answer!r}")
     if cfg.rl_replay not in REPLAY_FROM:
         raise ValueError(f"--rl-replay must be one of {REPLAY_FROM}, got {cfg.rl_replay!r}")
-    if cfg.rl_lr_schedule not in ("constant", "cosine", "linear"):
-        raise ValueError(f"--rl-lr-schedule must be constant, cosine or linear, got {cfg.rl_lr_schedule!r}")
+    if cfg.rl_lr_schedule not in LR_SCHEDULES:
+        raise ValueError(f"--rl-lr-schedule must be one of {LR_SCHEDULES}, got {cfg.rl_lr_schedule!r}")
     if not 0.0 <= cfg.rl_replay_fraction < 1.0:
         raise ValueError(f"--rl-replay-fraction must be in [0, 1), got {cfg.rl_replay_fraction}")
     if cfg.rl_explore not in EXPLORE_MODES:
@@ -436,8 +437,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
             break
         steps = cfg.rl_steps_per_round
         if cfg.budget_minutes and not cfg.rl_rounds and r:  # the last round: the batches that still fit
-            steps = clock.steps_that_fit(batch_s, round_eval_s + final_eval_s, cfg.rl_steps_per_round)
-            if steps < max(1, cfg.rl_steps_per_round // 4):
+            steps = clock.round_that_fits(batch_s, round_eval_s + final_eval_s, cfg.rl_steps_per_round)
+            if not steps:
                 break  # too few for a round and its evaluation: the closing evaluation comes
         t0, steps_before = time.perf_counter(), rl.steps
         try:

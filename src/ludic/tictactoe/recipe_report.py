@@ -71,8 +71,7 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
         "# Tic-tac-toe recipe report\n\n"
         "Exact evaluation of the greedy policy: every branch of the opponent (minimax's tie-breaks, "
         "random's moves) and both seats enumerated; no sampling noise. Teacher positions: the "
-        f"{report.get('teacher_positions', report['sft_records'])} positions the solver teacher can face (perfect "
-        "play needs them all).\n\n"
+        f"{report['teacher_positions']} positions the solver teacher can face (perfect play needs them all).\n\n"
         + "\n".join(rows)
         + f"\n\n| stage | wall time |\n|---|---|\n{times}\n| **total** | **{report['total_seconds'] / 60:.2f} min**"
           f"{budget} |\n\n"

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+LR_SCHEDULES = ("constant", "linear", "cosine")
+"""The learning-rate schedules ``TrainerConfig.lr_schedule`` names (``precision.lr_factor``)."""
+
+
 @dataclass
 class TrainerConfig:
     """Trainer: how each step optimises (learning rate, clipping, micro-batches, checkpoints, stops).
@@ -20,7 +24,7 @@ class TrainerConfig:
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this."""
     lr_schedule: str = "constant"
-    """"constant", "linear" or "cosine" decay to 0 over ``total_steps`` (after warmup)."""
+    """One of ``LR_SCHEDULES``: "constant", "linear" or "cosine" decay to 0 over ``total_steps`` (after warmup)."""
     warmup_steps: int = 0
     """Linear warmup from lr/warmup_steps to lr."""
     total_steps: int = 0

@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from ludic.distributed import reduce_floats
-from ludic.training.config import TrainerConfig
+from ludic.training.config import LR_SCHEDULES, TrainerConfig
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -327,7 +327,7 @@ def lr_factor(cfg: TrainerConfig, step: int) -> float:
         return 1.0 - frac
     if cfg.lr_schedule == "cosine":
         return 0.5 * (1.0 + math.cos(math.pi * frac))
-    raise ValueError(f"lr_schedule must be constant, linear or cosine, got {cfg.lr_schedule!r}")
+    raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {cfg.lr_schedule!r}")
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainerConfig) -> torch.optim.lr_scheduler.LambdaLR:
