@@ -15,6 +15,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -114,9 +116,11 @@ async def long_request(http: httpx.AsyncClient) -> AsyncIterator[asyncio.Task]:
             await task
 
 
-async def until(http: httpx.AsyncClient, ok, timeout_s: float = 60.0, server: VLLMServerProcess | None = None) -> None:
+async def until(http: httpx.AsyncClient, ok, timeout_s: float = 60.0, server: VLLMServerProcess | None = None,
+                explain=None) -> None:
     """Poll /ludic/policy until ``ok(policy)``; a timeout shows the last policy seen and, given
-    the server, what its own log lines say (which weight routes ran, who held the lock)."""
+    the server, what its own log lines say (which weight routes ran, who held the lock), and
+    ``explain()``'s account of the client side."""
     policy: dict = {}
     for _ in range(int(timeout_s / 0.05)):
         if ok(policy := (await http.get("/ludic/policy")).json()):
@@ -125,7 +129,51 @@ async def until(http: httpx.AsyncClient, ok, timeout_s: float = 60.0, server: VL
     ludic_lines = [] if server is None else [
         ln for ln in server.log_path.read_text().splitlines() if "(LudicServer)" in ln]
     raise TimeoutError(f"/ludic/policy never satisfied the condition within {timeout_s}s; last seen "
-                       f"{policy}; the server's own lines: {ludic_lines[-20:]}")
+                       f"{policy}; the server's own lines: {ludic_lines[-20:]}"
+                       + ("" if explain is None else f"; client side: {explain()}"))
+
+
+class InThread:
+    """``fn(*args)`` on a thread of its own (not the event loop's executor, whose workers other
+    code may hold): ``done``, ``result()``, and ``where()``, the thread's current stack, which a
+    timeout reports (CI saw a push that no server log recorded for 180 s, twice)."""
+
+    def __init__(self, fn, *args) -> None:
+        self.out: dict = {}
+        self.started = time.monotonic()
+        self.thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True, name="push")
+        self.thread.start()
+
+    def _run(self, fn, *args) -> None:
+        try:
+            self.out["result"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - reported by result()
+            self.out["error"] = e
+
+    @property
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def result(self):
+        if "error" in self.out:
+            raise self.out["error"]
+        return self.out.get("result")
+
+    def where(self) -> str:
+        import traceback
+
+        frame = sys._current_frames().get(self.thread.ident)
+        stack = "".join(traceback.format_stack(frame)[-8:]) if frame is not None else "(not running)"
+        return (f"thread {'done' if self.done else 'alive'} {time.monotonic() - self.started:.0f}s after it "
+                f"started, {threading.active_count()} threads in this process; its stack:\n{stack}")
+
+    async def wait(self, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        while not self.done and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if not self.done:
+            raise TimeoutError(f"still running after {timeout_s}s: {self.where()}")
+        return self.result()
 
 
 def client(server: VLLMServerProcess, **kw) -> VLLMChatClient:
@@ -502,14 +550,14 @@ async def test_push_retried_after_a_read_timeout_succeeds(server: VLLMServerProc
     async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=300) as http:
         v = (await http.get("/ludic/policy")).json()["version"]
         async with long_request(http):
-            push = asyncio.create_task(asyncio.to_thread(pub.publish_folder, base_weights, v + 1))
+            push = InThread(pub.publish_folder, base_weights, v + 1)
             # attempt 1 holds the lock, draining (a push that ended first says why in the failure)
-            await until(http, lambda p: p["updating"] == "full_weights" or push.done(), timeout_s=180.0,
-                        server=server)
-            assert not push.done(), (push.exception() or push.result(), server.log_path.read_text()[-3000:])
+            await until(http, lambda p: p["updating"] == "full_weights" or push.done, timeout_s=180.0,
+                        server=server, explain=push.where)
+            assert not push.done, (push.out, server.log_path.read_text()[-3000:])
             await asyncio.sleep(2.0)  # past the publisher's 1 s read timeout: attempt 1 has given up
-            assert not push.done()
-        stats = await push  # the drain ends, attempt 1's push is applied, a retry is answered
+            assert not push.done
+        stats = await push.wait(300.0)  # the drain ends, attempt 1's push is applied, a retry is answered
         assert (await http.get("/ludic/policy")).json()["version"] == v + 1
     out = stats["servers"][server.url]
     assert not stats["errors"] and out["version"] == v + 1 and out["already_applied"] is True, stats
