@@ -134,9 +134,10 @@ async def until(http: httpx.AsyncClient, ok, timeout_s: float = 60.0, server: VL
 
 
 class InThread:
-    """``fn(*args)`` on a thread of its own (not the event loop's executor, whose workers other
-    code may hold): ``done``, ``result()``, and ``where()``, the thread's current stack, which a
-    timeout reports (CI saw a push that no server log recorded for 180 s, twice)."""
+    """``fn(*args)`` on a thread of its own, not the event loop's executor: ``done``, ``result()``,
+    and ``where()``, the thread's current stack, which a timeout reports. In CI the push's thread
+    twice made no progress while the long request ran (once its file was written only when the
+    request was cancelled, once no attempt reached the server in 180 s); why is not known."""
 
     def __init__(self, fn, *args) -> None:
         self.out: dict = {}
