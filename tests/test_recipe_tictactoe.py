@@ -266,6 +266,89 @@ def test_replay_all_draws_uniformly_over_every_given_position_right_or_wrong():
     assert 0.1 * 0.9 < wrong / len(drawn) < 0.1 * 0.9 + 0.0625 + 0.03  # 10% of the replay, plus the one focus slot
 
 
+def test_shortfalls_average_the_policy_samples_gap_to_the_best_reward():
+    """Shortfalls: per position, an exponential average over visits of BEST - reward of the policy's own samples
+    (exploring samples left out: the policy did not choose them); the prior before a first visit, never below
+    the floor."""
+    from ludic.tictactoe.position_rl import Shortfalls
+    from ludic.tictactoe.positions import BEST, GIVES_AWAY, PRESERVING, board_to_string
+    from ludic.tictactoe.synth import teacher_positions
+    from ludic.types import Rollout, Step
+
+    a, b, c = teacher_positions()[:3]
+
+    def sample(board, reward, explore=False):
+        step = Step(index=0, prev_obs="", action="", parsed_action=None, next_obs=None, reward=reward)
+        return Rollout(steps=[step], meta={"reset_info": {"board": board_to_string(board)}, "explore": explore})
+
+    s = Shortfalls(rate=0.5, prior=1.0, floor=0.05)
+    s.update([sample(a, GIVES_AWAY), sample(a, BEST), sample(b, BEST), sample(b, PRESERVING, explore=False),
+              sample(b, GIVES_AWAY, explore=True)])
+    assert s.values[a] == pytest.approx(0.5) and s.values[b] == pytest.approx(0.1)
+    s.update([sample(a, BEST), sample(b, GIVES_AWAY)])
+    assert s.values[a] == pytest.approx(0.25) and s.values[b] == pytest.approx(0.55)
+    s.update([sample(a, BEST)] * 4)
+    assert s(a) == pytest.approx(0.125) and s(c) == 1.0  # c never visited: the prior
+    for _ in range(6):
+        s.update([sample(a, BEST)])
+    assert s(a) == 0.05  # right every time: still drawn now and then
+
+
+def test_replay_priority_draws_where_the_policy_falls_short():
+    """replay_priority: that share of a batch's replay draws goes by the shortfall weights, the rest uniform, all
+    distinct; at 0 (the default) a batch is drawn exactly as before, weights or not."""
+    from ludic.tictactoe.position_rl import PositionGRPO, PositionRLConfig, batch_boards
+    from ludic.tictactoe.synth import teacher_positions
+
+    boards = teacher_positions()
+    short = set(boards[:10])  # 10 of 100 replay positions where samples fall short
+
+    def weight(board):
+        return 1.0 if board in short else 0.05
+
+    cfg = PositionRLConfig(replay="all", replay_fraction=0.9375, positions_per_step=16)
+    replay = boards[:100]
+    assert (batch_boards([], boards[200:210], replay, cfg, random.Random(3), weight)
+            == batch_boards([], boards[200:210], replay, cfg, random.Random(3)))
+    rates = {}
+    for priority in (0.0, 0.5, 1.0):
+        pcfg = PositionRLConfig(replay="all", replay_fraction=0.9375, positions_per_step=16, replay_priority=priority)
+        batches = [batch_boards([], boards[200:210], replay, pcfg, random.Random(seed), weight) for seed in range(300)]
+        assert all(len(x) == 16 and len(set(x)) == 16 and set(x[1:]) <= set(replay) for x in batches)
+        rates[priority] = sum(b in short for x in batches for b in x[1:]) / (15 * len(batches))
+    assert 0.08 < rates[0.0] < 0.12  # uniform: 10 of 100
+    # all 15 by weight: the 10 short positions weigh 10 against 90 x 0.05 = 4.5: about 8 of the 15 draws
+    assert rates[1.0] > 0.45 and rates[0.0] < rates[0.5] < rates[1.0]
+    with pytest.raises(ValueError, match="replay_priority must be in"):
+        PositionGRPO(None, None, None, None, PositionRLConfig(replay_priority=1.5), None)
+
+
+def test_position_grpo_records_shortfalls_from_its_batches(tiny_model_dir, tmp_path):
+    """A PositionGRPO batch's rewards reach its Shortfalls before the next batch is drawn: the random tiny model
+    answers unparsably (the parser's penalty, -1), so every position it sampled falls short by 2; the batch logs
+    their mean."""
+    import asyncio
+
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.tictactoe.position_rl import PositionGRPO, PositionRLConfig, View
+    from ludic.tictactoe.positions import BEST, ILLEGAL
+    from ludic.tictactoe.synth import teacher_positions
+    from ludic.training.lora import LoraSettings, load_policy
+
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    engine = TransformersEngine(model, tok, batch_wait_s=0.05)
+    view = View("Tic-tac-toe.", compact=True, show_moves=False, max_tokens=4, answer="cell")
+    boards = teacher_positions()
+    cfg = PositionRLConfig(positions_per_step=3, group_size=2, replay="all", replay_fraction=0.5, replay_priority=1.0,
+                           trainer=TrainerConfig(lr=1e-4, micro_token_budget=4096))
+    rl = PositionGRPO(model, tok, engine, view, cfg, tmp_path / "rl")
+    m = asyncio.run(rl.run(1, pool=boards[:4], replay=boards[4:40]))
+    drawn = [json.loads(line)["meta"]["env_kwargs"]["board"] for line in open(tmp_path / "rl" / "rollouts.jsonl")]
+    assert len(set(drawn)) == 3 and len(rl.shortfalls.values) == 3
+    assert all(v == BEST - ILLEGAL for v in rl.shortfalls.values.values())
+    assert m["shortfall_mean"] == BEST - ILLEGAL
+
+
 def test_position_grpo_with_kl_keeps_solved_groups_and_reports_kl(tiny_model_dir, tmp_path):
     """kl_coef > 0: every group is trained on (solved ones carry only the KL anchor to the policy
     RL started from, the adapter switched off), and the step reports the KL; without it the

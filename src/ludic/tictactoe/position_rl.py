@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import ludic.tictactoe.board as ttt
 from ludic.tictactoe.env import format_observation
 from ludic.agents.agent import Agent
-from ludic.tictactoe.positions import board_to_string
+from ludic.tictactoe.positions import BEST, GIVES_AWAY, board_from_string, board_to_string
 from ludic.inference.client import ChatClient, ChatRequest, ChatResponse, FunctionClient
 from ludic.interaction import SingleAgentProtocol
 from ludic.parsers import Parser
@@ -142,6 +142,10 @@ class PositionRLConfig:
     ``all``, every given position, the focus and pool ones included (a batch that is mostly replay is then a
     uniform sample of the positions, not one of those already right: it cannot move a bias shared by all
     positions toward whatever the last evaluation's failures have in common)."""
+    replay_priority: float = 0.0
+    """Share of the replay draws made in proportion to each position's ``Shortfalls`` (how far the policy's own
+    samples there fell short of the best reward lately) instead of uniformly: the visits go where samples still
+    earn less, away from positions whose groups all score alike. Only rewards enter it, never a move."""
     focus_share: float = 0.0
     """Least share of each batch's groups given to ``focus`` positions: when there are fewer focus
     positions than that, they are repeated (several groups of the same decision), so the last few
@@ -169,6 +173,35 @@ class PositionRLConfig:
     seed: int = 0
 
 
+class Shortfalls:
+    """How far the policy's own samples on each position fell short of the best reward lately: an exponential
+    moving average over the position's visits of ``BEST - reward`` (``rate``: the newest visit's weight), and
+    ``prior`` before its first visit, so unvisited positions are drawn early. Exploring samples are left out (the
+    policy did not choose them). Calling it gives a position's weight for ``PositionRLConfig.replay_priority``, at
+    least ``floor``, so a position the policy plays right is still revisited now and then. Built from the rewards
+    of sampled moves only: it says where the policy earns less, never which move is better. Not checkpointed: a
+    resumed run starts again from ``prior``."""
+
+    def __init__(self, rate: float = 0.5, prior: float = BEST - GIVES_AWAY, floor: float = 0.05) -> None:
+        self.rate, self.prior, self.floor = rate, prior, floor
+        self.values: dict[ttt.Board, float] = {}
+
+    def __call__(self, board: ttt.Board) -> float:
+        return max(self.values.get(board, self.prior), self.floor)
+
+    def update(self, rollouts: Sequence[Any]) -> None:
+        """One batch's rollouts (one decision each, on the board its env was reset to; an unparsable reply scores
+        the parser's penalty): each position's mean shortfall over its policy samples, folded into its average."""
+        visits: dict[ttt.Board, list[float]] = {}
+        for r in rollouts:
+            board = (r.meta.get("reset_info") or {}).get("board")
+            if board is not None and not r.meta.get("explore"):
+                visits.setdefault(board_from_string(board), []).append(BEST - r.total_reward)
+        for board, gaps in visits.items():
+            now, old = sum(gaps) / len(gaps), self.values.get(board)
+            self.values[board] = now if old is None else (1 - self.rate) * old + self.rate * now
+
+
 class PositionGRPO:
     """GRPO on single decisions: each batch draws positions from ``pool`` (and ``replay``), each
     position becomes a group of ``group_size`` one-move episodes of ``TicTacToePositionEnv``
@@ -186,9 +219,13 @@ class PositionGRPO:
         self.steps = 0
         self.past_focus: list[ttt.Board] = []
         """Focus positions of earlier ``run`` calls, first seen first (``replay="trained"`` replays them)."""
+        self.shortfalls = Shortfalls()
+        """Each position's recent shortfall from the best reward (``replay_priority`` draws by it)."""
 
         if cfg.explore not in EXPLORE_MODES:
             raise ValueError(f"PositionRLConfig.explore must be one of {EXPLORE_MODES}, got {cfg.explore!r}")
+        if not 0.0 <= cfg.replay_priority <= 1.0:
+            raise ValueError(f"PositionRLConfig.replay_priority must be in [0, 1], got {cfg.replay_priority}")
 
         def factory(temperature: float = cfg.temperature, sampler: ChatClient = client) -> Callable[[], SingleAgentProtocol]:
             return lambda: SingleAgentProtocol(view.agent(sampler, temperature))
@@ -197,14 +234,22 @@ class PositionGRPO:
         if cfg.explore_samples:
             explore = (factory(cfg.explore_temperature) if cfg.explore == "hotter"
                        else factory(sampler=UniformCellClient(client, view.answer)))
-        self.trainer = group_trainer(model, tokenizer, factory(), cfg, run_dir, self._requests, _position_metrics,
+        self.trainer = group_trainer(model, tokenizer, factory(), cfg, run_dir, self._requests, self._metrics,
                                      cfg.positions_per_step * cfg.group_size, publisher=publisher, logger=logger,
                                      total_steps=total_steps, explore=explore,
                                      explored_gains_only=cfg.explore == "uniform")
 
     def _requests(self) -> list[RolloutRequest]:
-        boards = batch_boards(self.focus, self.pool, self.replay, self.cfg, self.rng)
+        boards = batch_boards(self.focus, self.pool, self.replay, self.cfg, self.rng, self.shortfalls)
         return [RolloutRequest(EnvSpec("tictactoe_position", self.view.env_kwargs(b)), max_steps=1) for b in boards]
+
+    def _metrics(self, rollouts: Sequence[Any]) -> dict[str, float]:
+        """A batch's ``_position_metrics``; its rewards also update ``shortfalls`` before the next batch is drawn."""
+        self.shortfalls.update(rollouts)
+        out = _position_metrics(rollouts)
+        if self.cfg.replay_priority and self.shortfalls.values:
+            out["shortfall_mean"] = sum(self.shortfalls.values.values()) / len(self.shortfalls.values)
+        return out
 
     async def run(self, steps: int, pool: Sequence[ttt.Board], replay: Sequence[ttt.Board] = (),
                   focus: Sequence[ttt.Board] = (), on_step: Callable[[int, dict], Any] | None = None) -> dict[str, Any]:
@@ -289,10 +334,12 @@ async def train_batches(rl: Any, steps: int, on_step: Callable[[int, dict], Any]
 
 
 def batch_boards(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: Sequence[ttt.Board],
-                 cfg: PositionRLConfig, rng: random.Random) -> list[ttt.Board]:
+                 cfg: PositionRLConfig, rng: random.Random,
+                 weight: Callable[[ttt.Board], float] | None = None) -> list[ttt.Board]:
     """One batch's positions (one GRPO group each): the ``focus`` positions first, repeated up to
     ``cfg.focus_share`` of the batch, then ``pool`` positions, then ``cfg.replay_fraction`` of
-    ``replay`` positions (none when there is nothing to fix)."""
+    ``replay`` positions (none when there is nothing to fix), ``cfg.replay_priority`` of those drawn in
+    proportion to ``weight`` (``Shortfalls``) and the rest uniformly, all distinct."""
     n = cfg.positions_per_step
     n_replay = min(len(replay), round(n * cfg.replay_fraction)) if focus or pool else 0
     boards = rng.sample(list(focus), min(n - n_replay, len(focus)))
@@ -300,7 +347,19 @@ def batch_boards(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: 
         want = min(n - n_replay, math.ceil(n * cfg.focus_share))
         boards += [focus[i % len(focus)] for i in range(max(0, want - len(boards)))]
     boards += rng.sample(list(pool), min(n - n_replay - len(boards), len(pool)))
-    return boards + rng.sample(list(replay), n_replay)
+    n_weighted = round(n_replay * cfg.replay_priority) if weight is not None else 0
+    if not n_weighted:
+        return boards + rng.sample(list(replay), n_replay)
+    weighted = weighted_sample(replay, [weight(b) for b in replay], n_weighted, rng)
+    drawn = set(weighted)
+    return boards + weighted + rng.sample([b for b in replay if b not in drawn], n_replay - n_weighted)
+
+
+def weighted_sample(items: Sequence[Any], weights: Sequence[float], k: int, rng: random.Random) -> list[Any]:
+    """``k`` distinct items, each draw in proportion to the weights (positive) of the items not yet drawn
+    (Efraimidis and Spirakis: the ``k`` largest of ``u ** (1 / weight)``)."""
+    keys = [(rng.random() ** (1.0 / w), i) for i, w in enumerate(weights)]
+    return [items[i] for _, i in sorted(keys, reverse=True)[:k]]
 
 
 def _position_metrics(rollouts: Sequence[Any]) -> dict[str, float]:

@@ -68,11 +68,8 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     """Wall-time budget of the whole recipe, evaluations included: SFT and RL steps are set
     from the step times measured in this run (0: use --sft-steps / --rl-rounds as given)."""
     sft_epochs: float = 15.0
-    """SFT length, in passes over the teacher positions (with a budget: capped by ``sft_share``).
-    Measured on the AVX2 fp32 target (exact minimax non-loss, SFT -> RL): 8 epochs 28.6% -> 94.3%,
-    9 epochs 70.6% -> 99.2%, 10 epochs 95.7% -> 99.2%. bf16 with fp32 master weights (an AVX512-BF16
-    CPU: 0.79 s a step against 1.36 in fp32) trails fp32 per step and leads per minute: best move on
-    the 335 positions 84.2% after 9 epochs (fp32 93.4%), 100% after 13.7 of 15 (``benchmarks/bench_precision``)."""
+    """SFT length, in passes over the teacher positions (with a budget: capped by ``sft_share``; how many it takes:
+    docs/studies.md, "Tic-tac-toe: the make train recipe", and docs/precision.md)."""
     sft_share: float = 0.4
     """Most of the budget left after the base evaluation that SFT may take (fewer epochs when
     ``sft_epochs`` would not fit); RL and the evaluations get the rest."""
@@ -111,10 +108,12 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     """--reward move: share of each RL batch given to positions already right (replayed: a sampled mistake
     there is corrected too, which guards against forgetting)."""
     rl_replay: str = "teacher"
-    """--reward move: where the replayed positions come from: teacher (uniform over the teacher positions the
-    last evaluation found right: the failures are the pool's), all (uniform over all 335, right or wrong), or
-    trained (the decisions earlier rounds trained on as losing against minimax: a fix survives the rounds that
-    do not draw it; ``PositionRLConfig.replay``)."""
+    """--reward move: where the replayed positions come from: teacher (the teacher positions the last evaluation
+    found right: the failures are the pool's), all (all 335, right or wrong), or trained (the decisions earlier
+    rounds trained on as losing against minimax: a fix survives rounds that skip it; ``PositionRLConfig.replay``)."""
+    rl_replay_priority: float = 0.0
+    """--reward move: share of the replayed positions drawn by how far the policy's samples there fell short of the
+    best reward lately, not uniformly (``PositionRLConfig.replay_priority``)."""
     rl_lr: float = 2e-4
     rl_lr_schedule: str = "constant"
     """The RL step over the stage: constant, or a cosine or linear decay to 0 at its last batch (with a budget, over
@@ -243,6 +242,7 @@ def rl_config(cfg: RecipeConfig) -> Any:
                             explore_samples=cfg.rl_explore_samples, explore=cfg.rl_explore,
                             explore_temperature=cfg.rl_explore_temperature,
                             replay_fraction=cfg.rl_replay_fraction, replay=cfg.rl_replay,
+                            replay_priority=cfg.rl_replay_priority,
                             kl_coef=cfg.rl_kl_coef, entropy_coef=cfg.rl_entropy_coef, trainer=trainer)
 
 
@@ -266,6 +266,8 @@ def check_config(cfg: RecipeConfig) -> None:
         raise ValueError(f"--rl-lr-schedule must be one of {LR_SCHEDULES}, got {cfg.rl_lr_schedule!r}")
     if not 0.0 <= cfg.rl_replay_fraction < 1.0:
         raise ValueError(f"--rl-replay-fraction must be in [0, 1), got {cfg.rl_replay_fraction}")
+    if not 0.0 <= cfg.rl_replay_priority <= 1.0 or (cfg.rl_replay_priority and cfg.reward != "move"):
+        raise ValueError(f"--rl-replay-priority must be in [0, 1], --reward move, got {cfg.rl_replay_priority}")
     if cfg.rl_explore not in EXPLORE_MODES:
         raise ValueError(f"--rl-explore must be one of {EXPLORE_MODES}, got {cfg.rl_explore!r}")
     if cfg.rl_explore_samples and cfg.reward != "move":
