@@ -266,6 +266,35 @@ def test_replay_all_draws_uniformly_over_every_given_position_right_or_wrong():
     assert 0.1 * 0.9 < wrong / len(drawn) < 0.1 * 0.9 + 0.0625 + 0.03  # 10% of the replay, plus the one focus slot
 
 
+def test_played_replay_takes_every_position_the_policy_met_in_its_games(tiny_model_dir, tmp_path):
+    """StageEval.met: every position the policy decided on in the evaluation's exact games, right or wrong, as
+    the decision files list them; a policy off the teacher's line meets positions outside the 335 (measured: 14
+    of the 16 decisions a rewards-only run still lost against minimax were there, never replayed). replay="played"
+    replays every given position, as "all" does: the recipe gives it the 335 and those met."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from ludic.inference.client import FunctionClient
+    from ludic.tictactoe.position_rl import PositionRLConfig, UniformCellClient, View, round_sets
+    from ludic.tictactoe.positions import board_from_string
+    from ludic.tictactoe.recipe_eval import Evaluator
+    from ludic.tictactoe.synth import teacher_positions
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    random_player = UniformCellClient(FunctionClient(tok, lambda messages: ""), "cell")  # legal, off the line
+    teacher = teacher_positions()
+    view = View("Tic-tac-toe.", compact=True, show_moves=True, max_tokens=4, answer="cell")
+    ev = Evaluator(random_player, view, teacher, tmp_path)
+    stage = asyncio.run(ev.evaluate("rl", 1, opponents=("minimax",)))
+    decided = {board_from_string(json.loads(line)["board"]) for line in open(tmp_path / "decisions_rl_minimax.jsonl")}
+    assert set(stage.met) == decided and len(stage.met) == len(decided)
+    assert set(stage.focus) <= decided and any(b not in set(teacher) for b in stage.met)
+    given = list(dict.fromkeys(teacher + stage.met))
+    focus, pool, replay = round_sets(stage.focus, [], given, [], PositionRLConfig(replay="played"))
+    assert replay == given and focus == list(dict.fromkeys(stage.focus))
+
+
 def test_shortfalls_average_the_policy_samples_gap_to_the_best_reward():
     """Shortfalls: per position, an exponential average over visits of BEST - reward of the policy's own samples
     (exploring samples left out: the policy did not choose them); the prior before a first visit, never below

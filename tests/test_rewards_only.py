@@ -168,7 +168,7 @@ def test_a_stop_without_signal_says_whether_the_samples_were_alike_or_all_illega
     """The stop's message said "collapsed onto one move per position" also when every sample was illegal (a policy
     that never found the format: no move at all). The trainer's stop now carries the last batch's metrics."""
     from ludic.errors import TrainingStopped
-    from ludic.tictactoe.recipe import no_signal_why
+    from ludic.tictactoe.position_rl import no_signal_why
     from ludic.training.signal import no_signal_stop
 
     assert "illegal" in no_signal_why("no_signal", {"sampled_illegal_rate": 1.0, "sampled_best_rate": 0.0})

@@ -100,7 +100,7 @@ async def score_positions(client: ChatClient, boards: Sequence[ttt.Board], view:
 
 EXPLORE_MODES = ("hotter", "uniform")
 """How a group's exploring samples are drawn (``PositionRLConfig.explore``)."""
-REPLAY_FROM = ("teacher", "trained", "all")
+REPLAY_FROM = ("teacher", "trained", "all", "played")
 """Where a batch's replay share is drawn from (``PositionRLConfig.replay``)."""
 
 
@@ -141,7 +141,8 @@ class PositionRLConfig:
     rounds fixed, which a round that never draws them overwrites), the given ones only while there are none;
     ``all``, every given position, the focus and pool ones included (a batch that is mostly replay is then a
     uniform sample of the positions, not one of those already right: it cannot move a bias shared by all
-    positions toward whatever the last evaluation's failures have in common)."""
+    positions toward whatever the last evaluation's failures have in common); ``played``, the same over the given
+    positions, which the recipe makes the teacher positions and every position its policy met in its games."""
     replay_priority: float = 0.0
     """Share of the replay draws made in proportion to each position's ``Shortfalls`` (how far the policy's own
     samples there fell short of the best reward lately) instead of uniformly: the visits go where samples still
@@ -273,7 +274,7 @@ def round_sets(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: Se
         raise ValueError(f"PositionRLConfig.replay must be one of {REPLAY_FROM}, got {cfg.replay!r}")
     focus = list(dict.fromkeys(focus))
     in_focus = set(focus)
-    if cfg.replay == "all":
+    if cfg.replay in ("all", "played"):
         return focus, [b for b in dict.fromkeys(pool) if b not in in_focus], list(dict.fromkeys(replay))
     past = [b for b in dict.fromkeys(past_focus) if b not in in_focus] if cfg.replay == "trained" else []
     # an earlier focus position still in the pool (it keeps every old mistake) is replayed instead
@@ -318,6 +319,18 @@ def group_trainer(model: Any, tokenizer: Any, protocol: Callable[[], SingleAgent
     # max_no_signal_steps of them in a row mean the sampling policy collapsed (the trainer stops)
     trainer.cfg.max_empty_steps = trainer.cfg.max_no_signal_steps or 10**9
     return trainer
+
+
+def no_signal_why(stopped: str, metrics: dict[str, Any]) -> str:
+    """Why an RL stage's batches carried no signal, from the last batch's ``metrics``: every sample succeeded
+    (``saturated``), every sampled move was illegal or unparsable (the policy never found the format or the free
+    cells), or the sampling policy collapsed onto one move per position (all samples alike)."""
+    if stopped == "saturated":
+        return "every sample succeeded"
+    if metrics.get("sampled_illegal_rate") == 1.0 or metrics.get("forfeit_rate") == 1.0:  # positions; games
+        return "every sample was an illegal or unparsable move: the policy never found a free cell in the format"
+    return "every group's samples scored alike: the sampling policy has collapsed onto one move per position"
+
 
 
 async def train_batches(rl: Any, steps: int, on_step: Callable[[int, dict], Any] | None = None) -> dict[str, Any]:

@@ -109,8 +109,9 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     there is corrected too, which guards against forgetting)."""
     rl_replay: str = "teacher"
     """--reward move: where the replayed positions come from: teacher (the teacher positions the last evaluation
-    found right: the failures are the pool's), all (all 335, right or wrong), or trained (the decisions earlier
-    rounds trained on as losing against minimax: a fix survives rounds that skip it; ``PositionRLConfig.replay``)."""
+    found right: the failures are the pool's), all (all 335, right or wrong), played (all 335 and every position
+    the policy met in its exact games so far: its own states, off the teacher's line too), or trained (the decisions
+    earlier rounds trained on as losing against minimax: a fix survives rounds that skip it; ``PositionRLConfig.replay``)."""
     rl_replay_priority: float = 0.0
     """--reward move: share of the replayed positions drawn by how far the policy's samples there fell short of the
     best reward lately, not uniformly (``PositionRLConfig.replay_priority``)."""
@@ -156,17 +157,6 @@ def bottom_cache_pays(frozen_layers: int, samples: int, items: int) -> bool:
     one pass or less it only adds work: the rewards-only cold start's half pass over 1,340 records spent 135-160 s
     filling it, for items half of which no step ever drew."""
     return frozen_layers > 0 and samples > items
-
-
-def no_signal_why(stopped: str, metrics: dict[str, Any]) -> str:
-    """Why an RL stage's batches carried no signal, from the last batch's ``metrics``: every sample succeeded
-    (``saturated``), every sampled move was illegal or unparsable (the policy never found the format or the free
-    cells), or the sampling policy collapsed onto one move per position (all samples alike)."""
-    if stopped == "saturated":
-        return "every sample succeeded"
-    if metrics.get("sampled_illegal_rate") == 1.0 or metrics.get("forfeit_rate") == 1.0:  # positions; games
-        return "every sample was an illegal or unparsable move: the policy never found a free cell in the format"
-    return "every group's samples scored alike: the sampling policy has collapsed onto one move per position"
 
 
 REWARDS_ONLY_DEFAULTS: dict[str, Any] = {
@@ -296,7 +286,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.data.offline import OfflineBatchSource, sft_item
     from ludic.tictactoe.synth import random_cell_records, teacher_position_records, teacher_positions
     from ludic.inference.transformers_engine import TransformersEngine
-    from ludic.tictactoe.position_rl import PositionGRPO, View
+    from ludic.tictactoe.position_rl import PositionGRPO, View, no_signal_why
     from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
     from ludic.training.loggers import make_logger
@@ -416,6 +406,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     rounds = counted_rounds(cfg) or cfg.max_rl_rounds or 10**9
     final_eval_s = clock.seconds["eval_sft"]  # what the closing full evaluation will take, about
     focus, pool, batch_s, round_eval_s = sft_eval.focus, sft_eval.pool, 0.0, 0.0
+    met = sft_eval.met  # every position the policy met in its exact games so far (--rl-replay played)
     best = (sft_eval.score(), 0, trainable_state(model))  # (score, RL batches, adapter) of the best round
     last_round: dict[str, Any] = {}  # the last round's evaluation (minimax and teacher positions)
     stopped = "rounds" if cfg.rl_rounds or cfg.max_rl_rounds or not cfg.budget_minutes else "budget"
@@ -444,7 +435,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
                 break  # too few for a round and its evaluation: the closing evaluation comes
         t0, steps_before = time.perf_counter(), rl.steps
         try:
-            await rl.run(steps, pool, replay=teacher, focus=focus, on_step=on_step)
+            replay = list(dict.fromkeys(teacher + met)) if cfg.rl_replay == "played" else teacher
+            await rl.run(steps, pool, replay=replay, focus=focus, on_step=on_step)
         except TrainingStopped as e:
             if e.reason not in ("empty_batches", "no_signal", "saturated"):
                 raise
@@ -461,7 +453,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         last_round = {"step": rl.steps, **round_eval.metrics}
         if round_eval.score() > best[0]:
             best = (round_eval.score(), rl.steps, trainable_state(model))
-        focus = round_eval.focus
+        focus, met = round_eval.focus, list(dict.fromkeys(met + round_eval.met))
         # perfect on what this round measured: nothing left to train (the goal; the pool keeps old
         # mistakes as replay otherwise)
         pool = [] if not focus and not round_eval.pool else list(

@@ -11,12 +11,13 @@ from typing import Any
 
 
 class StageEval:
-    """One stage's exact evaluation: metrics per opponent and teacher positions, and the wrong
+    """One stage's exact evaluation: metrics per opponent and teacher positions, the wrong
     decisions: ``focus`` (met against minimax: each one loses games the metric counts) and
-    ``pool`` (met against random, or among the teacher positions)."""
+    ``pool`` (met against random, or among the teacher positions), and ``met``: every position the
+    policy decided on in the evaluation's games, right or wrong (its own states, against every opponent)."""
 
-    def __init__(self, metrics: dict[str, dict[str, float]], focus: list, pool: list) -> None:
-        self.metrics, self.focus, self.pool = metrics, focus, pool
+    def __init__(self, metrics: dict[str, dict[str, float]], focus: list, pool: list, met: list = ()) -> None:
+        self.metrics, self.focus, self.pool, self.met = metrics, focus, pool, list(met)
 
     def score(self) -> tuple[float, float, float]:
         """What RL maximises, in order: exact non-loss against minimax, then value-preserving and
@@ -49,7 +50,7 @@ class Evaluator:
         self.stage_results: dict[str, dict[str, dict[str, float]]] = {}
         self.curve: list[dict[str, Any]] = []
         self.positions_seconds = 0.0
-        self._last: tuple | None = None  # ((stage, step), results, wrong games, wrong positions)
+        self._last: tuple | None = None  # ((stage, step), results, wrong games, wrong positions, positions met)
 
     async def positions(self, stage: str, step: int = 0) -> tuple[dict[str, float], list]:
         """The policy's move on every teacher position: legal, best and value-preserving rates."""
@@ -72,12 +73,12 @@ class Evaluator:
         from ludic.tictactoe.exact import exact_eval
 
         if self._last is not None and self._last[0] == (stage, step):
-            out, wrong_games, wrong = self._last[1], self._last[2], self._last[3]
+            out, wrong_games, wrong, met = self._last[1:]
             rates = out["teacher_positions"]
         else:
             rates, wrong = await self.positions(stage, step)
-            out, wrong_games = {"teacher_positions": rates}, {"minimax": [], "random": []}
-            self._last = ((stage, step), out, wrong_games, wrong)
+            out, wrong_games, met = {"teacher_positions": rates}, {"minimax": [], "random": []}, {}
+            self._last = ((stage, step), out, wrong_games, wrong, met)
         for opponent in opponents:
             if opponent in out:
                 continue
@@ -87,6 +88,7 @@ class Evaluator:
                                    parser=self.view.parser())
             out[opponent] = res.as_metrics()
             wrong_games[opponent] = [d.board for d in res.records if not d.value_preserving]
+            met.update(dict.fromkeys(d.board for d in res.records))
             with open(self.run_dir / f"decisions_{stage}_{opponent}.jsonl", "w") as f:
                 for d in res.records:
                     f.write(json.dumps(d.to_dict()) + "\n")
@@ -100,6 +102,6 @@ class Evaluator:
         print(f"[recipe] {stage} (step {step}): " + " | ".join(said) + f" | teacher positions best "
               f"{rates['best_move_rate']:.1%} value-preserving {rates['value_preserving_rate']:.1%} "
               f"legal {rates['legal_rate']:.1%}", flush=True)
-        return StageEval(out, wrong_games["minimax"], wrong_games["random"] + wrong)
+        return StageEval(out, wrong_games["minimax"], wrong_games["random"] + wrong, list(met))
 
 
