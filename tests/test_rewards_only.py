@@ -225,6 +225,7 @@ def test_the_outcome_reward_runs_with_the_modes_defaults():
     check_config(cfg)
     assert cfg.rl_explore_samples == 0 and cfg.show_moves and cfg.cold_start_epochs == 0.5
     assert cfg.rl_steps_per_round == 16 and cfg.group_size == 8 and cfg.rl_replay == "teacher"  # as its studies ran
+    assert cfg.rl_replay_priority == 0.0  # positions are the move reward's: a game's group has none to weigh
     # the move reward's step (a LoRA at 1e-3) collapsed the outcome reward's groups within 20 batches (every game of
     # a group alike, RL stopped for lack of signal at 21 minutes); the solver path's 2e-4 ran its 27 minutes
     assert cfg.rl_lr == RecipeConfig().rl_lr < REWARDS_ONLY_DEFAULTS["rl_lr"]

@@ -162,7 +162,7 @@ def bottom_cache_pays(frozen_layers: int, samples: int, items: int) -> bool:
 REWARDS_ONLY_DEFAULTS: dict[str, Any] = {
     "show_moves": True, "cold_start_epochs": 0.5, "curve_points": 0, "rl_steps_per_round": 64, "rl_lr": 1e-3,
     "group_size": 4, "rl_explore_samples": 1, "rl_explore": "uniform", "rl_replay": "all", "rl_replay_fraction": 0.94,
-    "rl_lr_schedule": "cosine",
+    "rl_lr_schedule": "cosine", "rl_replay_priority": 0.5,
 }
 """The defaults of ``--teacher none`` where they differ from the solver path's (``ludic recipe tictactoe
 --teacher none`` parses with them; flags given still win; ``rewards_only_config`` in Python). Each was measured
@@ -175,11 +175,13 @@ the policy answers alike), 64 batches between exact evaluations: against the ear
 groups of 8 with 2 random, 16 batches a round) seeds 0-2 kept 60-64% value-preserving moves instead of 47-58%,
 exact non-loss against minimax about level. The step decays (cosine, to 0 at the last batch the budget holds):
 at a constant 1e-3 the policy's moves plateaued at about 65% value-preserving, with the decay they went on to 88%
-(docs/studies.md)."""
+(docs/studies.md). Half of the 15 replayed positions are drawn by shortfall (``PositionRLConfig.replay_priority``:
+where the policy's own samples earned less lately): seeds 0-2 kept O 67.9-72.7% and 90.7-95.2% value-preserving
+moves, against 42.3-53.8% and 87.5-88.1% with all 15 uniform, X about level (62.5-100% against 75-100%)."""
 
 
 MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore", "rl_lr", "rl_lr_schedule", "group_size", "rl_replay",
-                    "rl_replay_fraction")
+                    "rl_replay_fraction", "rl_replay_priority")
 """Defaults of the mode that only the move reward takes: a position's group explores, a game's does not; the LoRA
 at 1e-3, measured with the move reward, collapsed the outcome reward's groups within 20 batches (every game of a
 group alike, so RL stopped for lack of signal at 21 of 57 minutes), where the solver path's 2e-4 ran its 27 minutes
