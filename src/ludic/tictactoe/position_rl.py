@@ -332,7 +332,6 @@ def no_signal_why(stopped: str, metrics: dict[str, Any]) -> str:
     return "every group's samples scored alike: the sampling policy has collapsed onto one move per position"
 
 
-
 async def train_batches(rl: Any, steps: int, on_step: Callable[[int, dict], Any] | None = None) -> dict[str, Any]:
     """``steps`` batches of ``rl.trainer``, counted in ``rl.steps``; ``on_step(steps, metrics)`` after each."""
     last: dict[str, Any] = {}
