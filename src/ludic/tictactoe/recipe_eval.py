@@ -16,8 +16,8 @@ class StageEval:
     ``pool`` (met against random, or among the teacher positions), and ``met``: every position the
     policy decided on in the evaluation's games, right or wrong (its own states, against every opponent)."""
 
-    def __init__(self, metrics: dict[str, dict[str, float]], focus: list, pool: list, met: list = ()) -> None:
-        self.metrics, self.focus, self.pool, self.met = metrics, focus, pool, list(met)
+    def __init__(self, metrics: dict[str, dict[str, float]], focus: list, pool: list, met: list) -> None:
+        self.metrics, self.focus, self.pool, self.met = metrics, focus, pool, met
 
     def score(self) -> tuple[float, float, float]:
         """What RL maximises, in order: exact non-loss against minimax, then value-preserving and
