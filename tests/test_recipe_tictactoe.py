@@ -266,6 +266,29 @@ def test_replay_all_draws_uniformly_over_every_given_position_right_or_wrong():
     assert 0.1 * 0.9 < wrong / len(drawn) < 0.1 * 0.9 + 0.0625 + 0.03  # 10% of the replay, plus the one focus slot
 
 
+def test_failed_replay_adds_every_position_found_wrong_off_the_given_ones():
+    """replay="failed": the given positions and every position an evaluation found wrong so far (this round's focus
+    and pool, earlier rounds' focus), each once, so a failure off the teacher's 335 is drawn from the replay share
+    (by shortfall, under replay_priority), not only through the batch's one failure slot; positions met and played
+    right are not added (replay="played" added about 660 of them and spread the replay thin)."""
+    from ludic.tictactoe.synth import teacher_positions
+    from ludic.tictactoe.position_rl import PositionRLConfig, Shortfalls, batch_boards, round_sets
+
+    boards = teacher_positions()
+    teacher, off = boards[:100], boards[300:335]  # off: stand-ins for positions outside the given set
+    cfg = PositionRLConfig(replay="failed", replay_fraction=0.94, positions_per_step=16, replay_priority=1.0)
+    focus, pool, replay = round_sets([off[0], off[1], teacher[5]], [off[2], teacher[6]], teacher,
+                                     past_focus=[off[3], off[0]], cfg=cfg)
+    assert focus == [off[0], off[1], teacher[5]] and pool == [off[2], teacher[6]]
+    assert replay == teacher + [off[3], off[0], off[1], off[2]]  # given first, then the failures, no repeats
+    assert round_sets(focus, pool, teacher, [off[3]], PositionRLConfig(replay="all"))[2] == teacher
+    short = Shortfalls()
+    short.values = {b: 0.0 for b in teacher}  # the policy plays every given position right: the failures stand out
+    drawn = [b for seed in range(50) for b in batch_boards(focus, pool, replay, cfg, random.Random(seed), short)]
+    per_batch = sum(b in set(off[:4]) for b in drawn) / 50
+    assert per_batch > 3.0  # of the 4 failures (uniform over the 104 would draw 0.6 and the one failure slot)
+
+
 def test_played_replay_takes_every_position_the_policy_met_in_its_games(tiny_model_dir, tmp_path):
     """StageEval.met: every position the policy decided on in the evaluation's exact games, right or wrong, as
     the decision files list them; a policy off the teacher's line meets positions outside the 335 (measured: 14

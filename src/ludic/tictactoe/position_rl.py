@@ -100,7 +100,7 @@ async def score_positions(client: ChatClient, boards: Sequence[ttt.Board], view:
 
 EXPLORE_MODES = ("hotter", "uniform")
 """How a group's exploring samples are drawn (``PositionRLConfig.explore``)."""
-REPLAY_FROM = ("teacher", "trained", "all", "played")
+REPLAY_FROM = ("teacher", "trained", "all", "played", "failed")
 """Where a batch's replay share is drawn from (``PositionRLConfig.replay``)."""
 
 
@@ -142,7 +142,10 @@ class PositionRLConfig:
     ``all``, every given position, the focus and pool ones included (a batch that is mostly replay is then a
     uniform sample of the positions, not one of those already right: it cannot move a bias shared by all
     positions toward whatever the last evaluation's failures have in common); ``played``, the same over the given
-    positions, which the recipe makes the teacher positions and every position its policy met in its games."""
+    positions, which the recipe makes the teacher positions and every position its policy met in its games;
+    ``failed``, every given position and every position an evaluation found wrong so far (this round's focus and
+    pool and earlier rounds' focus): the failures off the given set are replayed too, not only through the batch's
+    few failure slots, without the thousand positions ``played`` adds that the policy already gets right."""
     replay_priority: float = 0.0
     """Share of the replay draws made in proportion to each position's ``Shortfalls`` (how far the policy's own
     samples there fell short of the best reward lately) instead of uniformly: the visits go where samples still
@@ -266,7 +269,8 @@ class PositionGRPO:
 
 def round_sets(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: Sequence[ttt.Board],
                past_focus: Sequence[ttt.Board], cfg: PositionRLConfig) -> tuple[list, list, list]:
-    """One round's (focus, pool, replay) positions, each without repeats and (but for ``"all"``) disjoint. The replay
+    """One round's (focus, pool, replay) positions, each without repeats and (but for ``"all"``, ``"played"`` and
+    ``"failed"``) disjoint. The replay
     is ``replay`` (``cfg.replay="teacher"``) or the ``past_focus`` positions (``"trained"``: the decisions earlier
     rounds trained on, so a fix survives the rounds that do not draw it, taken out of the pool, where a batch
     full of focus positions would never draw them; ``replay`` while there are none)."""
@@ -274,8 +278,9 @@ def round_sets(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: Se
         raise ValueError(f"PositionRLConfig.replay must be one of {REPLAY_FROM}, got {cfg.replay!r}")
     focus = list(dict.fromkeys(focus))
     in_focus = set(focus)
-    if cfg.replay in ("all", "played"):
-        return focus, [b for b in dict.fromkeys(pool) if b not in in_focus], list(dict.fromkeys(replay))
+    if cfg.replay in ("all", "played", "failed"):
+        wrong = [*past_focus, *focus, *pool] if cfg.replay == "failed" else []
+        return focus, [b for b in dict.fromkeys(pool) if b not in in_focus], list(dict.fromkeys([*replay, *wrong]))
     past = [b for b in dict.fromkeys(past_focus) if b not in in_focus] if cfg.replay == "trained" else []
     # an earlier focus position still in the pool (it keeps every old mistake) is replayed instead
     not_pooled = in_focus | set(past)

@@ -110,7 +110,8 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     rl_replay: str = "teacher"
     """--reward move: where the replayed positions come from: teacher (the teacher positions the last evaluation
     found right: the failures are the pool's), all (all 335, right or wrong), played (all 335 and every position
-    the policy met in its exact games so far: its own states, off the teacher's line too), or trained (the decisions
+    the policy met in its exact games so far: its own states, off the teacher's line too), failed (all 335 and every
+    position an evaluation found wrong so far, off the teacher's line too), or trained (the decisions
     earlier rounds trained on as losing against minimax: a fix survives rounds that skip it; ``PositionRLConfig.replay``)."""
     rl_replay_priority: float = 0.0
     """--reward move: share of the replayed positions drawn by how far the policy's samples there fell short of the
