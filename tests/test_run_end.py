@@ -1,6 +1,6 @@
 """Nothing thrown away (issue 37): a run the trainer stops keeps its final weights and summary and exits by
-whether it failed; ``kill -9`` mid-run and a resume give exactly the uninterrupted run, for ``ludic train env``,
-``train qa`` and ``train games``; run directories never collide."""
+whether it failed; ``kill -9`` mid-run and a resume give the uninterrupted run (counts exactly, real numbers to
+float32 rounding), for ``ludic train env``, ``train qa`` and ``train games``; run directories never collide."""
 
 import json
 import math
@@ -85,7 +85,7 @@ def _same(x: float, y: float) -> bool:
 
 def _kill_and_resume(tmp_path, *cmd, steps=4, kill_after=3):
     """The command run whole, and run with ``kill -9`` after step ``kill_after`` then rerun in its directory:
-    the resumed run must log exactly what the whole one did."""
+    the resumed run must log what the whole one did (``_same``: counts exactly, real numbers to float32 rounding)."""
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     args = (*cmd, "--train-steps", str(steps), "--checkpoint-every", "2")
     done = ludic_cmd(*args, "--run-dir", str(whole))
