@@ -318,6 +318,45 @@ def test_played_replay_takes_every_position_the_policy_met_in_its_games(tiny_mod
     assert replay == given and focus == list(dict.fromkeys(stage.focus))
 
 
+def test_tree_replay_keeps_the_policys_own_tree_against_minimax_and_its_failures(tiny_model_dir, tmp_path):
+    """StageEval.tree: the positions the policy decided on in the evaluation's games against minimax only (the
+    decisions the minimax metric is made of), where ``met`` adds those of its games against random. replay="tree"
+    replays the given positions (the recipe gives the 335 and the last tree) and every position found wrong against
+    minimax so far (this round's focus, earlier rounds'), not the pool's failures against random."""
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    from ludic.inference.client import FunctionClient
+    from ludic.tictactoe.position_rl import PositionRLConfig, UniformCellClient, View, round_sets
+    from ludic.tictactoe.positions import board_from_string
+    from ludic.tictactoe.recipe_eval import Evaluator
+    from ludic.tictactoe.synth import teacher_positions
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    random_player = UniformCellClient(FunctionClient(tok, lambda messages: ""), "cell")  # legal, off the line
+    teacher = teacher_positions()
+    view = View("Tic-tac-toe.", compact=True, show_moves=True, max_tokens=4, answer="cell")
+    stage = asyncio.run(Evaluator(random_player, view, teacher, tmp_path).evaluate("sft", 0))
+
+    def decided(opponent):
+        return [board_from_string(json.loads(line)["board"]) for line in open(tmp_path / f"decisions_sft_{opponent}.jsonl")]
+
+    assert stage.tree == list(dict.fromkeys(decided("minimax")))
+    assert set(stage.met) == set(decided("minimax")) | set(decided("random")) and len(stage.met) > len(stage.tree)
+    off_tree = [b for b in stage.tree if b not in set(teacher)]
+    assert off_tree  # a policy off the teacher's line decides outside the 335 against minimax
+    against_random = [b for b in stage.pool if b not in set(stage.tree) | set(teacher)]
+    assert against_random  # failures met only against random: the pool keeps them
+    earlier = against_random[0]  # stand-in for a position an earlier round found wrong against minimax
+    given = list(dict.fromkeys(teacher + stage.tree))
+    focus, pool, replay = round_sets(stage.focus, stage.pool, given, [earlier], PositionRLConfig(replay="tree"))
+    assert replay == list(dict.fromkeys(given + [earlier] + stage.focus))
+    assert not set(against_random[1:]) & set(replay) and set(pool) == set(stage.pool) - set(stage.focus)
+    failed = round_sets(stage.focus, stage.pool, teacher, [earlier], PositionRLConfig(replay="failed"))[2]
+    assert set(against_random) <= set(failed)  # "failed" replays the pool too
+
+
 def test_shortfalls_average_the_policy_samples_gap_to_the_best_reward():
     """Shortfalls: per position, an exponential average over visits of BEST - reward of the policy's own samples
     (exploring samples left out: the policy did not choose them); the prior before a first visit, never below

@@ -100,7 +100,7 @@ async def score_positions(client: ChatClient, boards: Sequence[ttt.Board], view:
 
 EXPLORE_MODES = ("hotter", "uniform")
 """How a group's exploring samples are drawn (``PositionRLConfig.explore``)."""
-REPLAY_FROM = ("teacher", "trained", "all", "played", "failed")
+REPLAY_FROM = ("teacher", "trained", "all", "played", "failed", "tree")
 """Where a batch's replay share is drawn from (``PositionRLConfig.replay``)."""
 
 
@@ -145,7 +145,13 @@ class PositionRLConfig:
     positions, which the recipe makes the teacher positions and every position its policy met in its games;
     ``failed``, every given position and every position an evaluation found wrong so far (this round's focus and
     pool and earlier rounds' focus): the failures off the given set are replayed too, not only through the batch's
-    few failure slots, without the thousand positions ``played`` adds that the policy already gets right."""
+    few failure slots, without the thousand positions ``played`` adds that the policy already gets right;
+    ``tree``, every given position, which the recipe makes the teacher positions and the policy's own tree against
+    minimax (every position it decided on in its last evaluation's games against minimax, right or wrong), and
+    every position found wrong against minimax so far (this round's focus, earlier rounds' focus): the decisions
+    the minimax metric is made of, most of them off the teacher's line once the policy's moves differ from the
+    teacher's, are replayed while they are still right, not only once found wrong; the pool's failures (the
+    cold start's against random, mostly) keep only the batch's failure slots."""
     replay_priority: float = 0.0
     """Share of the replay draws made in proportion to each position's ``Shortfalls`` (how far the policy's own
     samples there fell short of the best reward lately) instead of uniformly: the visits go where samples still
@@ -269,8 +275,8 @@ class PositionGRPO:
 
 def round_sets(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: Sequence[ttt.Board],
                past_focus: Sequence[ttt.Board], cfg: PositionRLConfig) -> tuple[list, list, list]:
-    """One round's (focus, pool, replay) positions, each without repeats and (but for ``"all"``, ``"played"`` and
-    ``"failed"``) disjoint. The replay
+    """One round's (focus, pool, replay) positions, each without repeats and (but for ``"all"``, ``"played"``,
+    ``"failed"`` and ``"tree"``) disjoint. The replay
     is ``replay`` (``cfg.replay="teacher"``) or the ``past_focus`` positions (``"trained"``: the decisions earlier
     rounds trained on, so a fix survives the rounds that do not draw it, taken out of the pool, where a batch
     full of focus positions would never draw them; ``replay`` while there are none)."""
@@ -278,8 +284,8 @@ def round_sets(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: Se
         raise ValueError(f"PositionRLConfig.replay must be one of {REPLAY_FROM}, got {cfg.replay!r}")
     focus = list(dict.fromkeys(focus))
     in_focus = set(focus)
-    if cfg.replay in ("all", "played", "failed"):
-        wrong = [*past_focus, *focus, *pool] if cfg.replay == "failed" else []
+    if cfg.replay in ("all", "played", "failed", "tree"):
+        wrong = {"failed": [*past_focus, *focus, *pool], "tree": [*past_focus, *focus]}.get(cfg.replay, [])
         return focus, [b for b in dict.fromkeys(pool) if b not in in_focus], list(dict.fromkeys([*replay, *wrong]))
     past = [b for b in dict.fromkeys(past_focus) if b not in in_focus] if cfg.replay == "trained" else []
     # an earlier focus position still in the pool (it keeps every old mistake) is replayed instead

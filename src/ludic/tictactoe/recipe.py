@@ -111,8 +111,10 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     """--reward move: where the replayed positions come from: teacher (the teacher positions the last evaluation
     found right: the failures are the pool's), all (all 335, right or wrong), played (all 335 and every position
     the policy met in its exact games so far: its own states, off the teacher's line too), failed (all 335 and every
-    position an evaluation found wrong so far, off the teacher's line too), or trained (the decisions
-    earlier rounds trained on as losing against minimax: a fix survives rounds that skip it; ``PositionRLConfig.replay``)."""
+    position an evaluation found wrong so far, off the teacher's line too), tree (all 335, the policy's own
+    positions in its last evaluation's games against minimax and every one found wrong against minimax so far), or
+    trained (the decisions earlier rounds trained on as losing against minimax: a fix survives rounds that skip it;
+    ``PositionRLConfig.replay``)."""
     rl_replay_priority: float = 0.0
     """--reward move: share of the replayed positions drawn by how far the policy's samples there fell short of the
     best reward lately, not uniformly (``PositionRLConfig.replay_priority``)."""
@@ -409,7 +411,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     rounds = counted_rounds(cfg) or cfg.max_rl_rounds or 10**9
     final_eval_s = clock.seconds["eval_sft"]  # what the closing full evaluation will take, about
     focus, pool, batch_s, round_eval_s = sft_eval.focus, sft_eval.pool, 0.0, 0.0
-    met = sft_eval.met  # every position the policy met in its exact games so far (--rl-replay played)
+    met, tree = sft_eval.met, sft_eval.tree  # positions met in its exact games so far (played), vs minimax last (tree)
     best = (sft_eval.score(), 0, trainable_state(model))  # (score, RL batches, adapter) of the best round
     last_round: dict[str, Any] = {}  # the last round's evaluation (minimax and teacher positions)
     stopped = "rounds" if cfg.rl_rounds or cfg.max_rl_rounds or not cfg.budget_minutes else "budget"
@@ -438,7 +440,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
                 break  # too few for a round and its evaluation: the closing evaluation comes
         t0, steps_before = time.perf_counter(), rl.steps
         try:
-            replay = list(dict.fromkeys(teacher + met)) if cfg.rl_replay == "played" else teacher
+            replay = list(dict.fromkeys(teacher + {"played": met, "tree": tree}.get(cfg.rl_replay, [])))
             await rl.run(steps, pool, replay=replay, focus=focus, on_step=on_step)
         except TrainingStopped as e:
             if e.reason not in ("empty_batches", "no_signal", "saturated"):
@@ -456,7 +458,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         last_round = {"step": rl.steps, **round_eval.metrics}
         if round_eval.score() > best[0]:
             best = (round_eval.score(), rl.steps, trainable_state(model))
-        focus, met = round_eval.focus, list(dict.fromkeys(met + round_eval.met))
+        focus, met, tree = round_eval.focus, list(dict.fromkeys(met + round_eval.met)), round_eval.tree
         # perfect on what this round measured: nothing left to train (the goal; the pool keeps old
         # mistakes as replay otherwise)
         pool = [] if not focus and not round_eval.pool else list(

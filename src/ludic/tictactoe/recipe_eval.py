@@ -13,11 +13,15 @@ from typing import Any
 class StageEval:
     """One stage's exact evaluation: metrics per opponent and teacher positions, the wrong
     decisions: ``focus`` (met against minimax: each one loses games the metric counts) and
-    ``pool`` (met against random, or among the teacher positions), and ``met``: every position the
-    policy decided on in the evaluation's games, right or wrong (its own states, against every opponent)."""
+    ``pool`` (met against random, or among the teacher positions), ``met``: every position the
+    policy decided on in the evaluation's games, right or wrong (its own states, against every opponent), and
+    ``tree``: those of its games against minimax (every branch of minimax's tie-breaks), the positions the
+    minimax metric is made of."""
 
-    def __init__(self, metrics: dict[str, dict[str, float]], focus: list, pool: list, met: list) -> None:
+    def __init__(self, metrics: dict[str, dict[str, float]], focus: list, pool: list, met: list,
+                 tree: list | None = None) -> None:
         self.metrics, self.focus, self.pool, self.met = metrics, focus, pool, met
+        self.tree = tree or []
 
     def score(self) -> tuple[float, float, float]:
         """What RL maximises, in order: exact non-loss against minimax, then value-preserving and
@@ -77,7 +81,7 @@ class Evaluator:
             rates = out["teacher_positions"]
         else:
             rates, wrong = await self.positions(stage, step)
-            out, wrong_games, met = {"teacher_positions": rates}, {"minimax": [], "random": []}, {}
+            out, wrong_games, met = {"teacher_positions": rates}, {"minimax": [], "random": []}, {"minimax": {}}
             self._last = ((stage, step), out, wrong_games, wrong, met)
         for opponent in opponents:
             if opponent in out:
@@ -88,7 +92,7 @@ class Evaluator:
                                    parser=self.view.parser())
             out[opponent] = res.as_metrics()
             wrong_games[opponent] = [d.board for d in res.records if not d.value_preserving]
-            met.update(dict.fromkeys(d.board for d in res.records))
+            met[opponent] = dict.fromkeys(d.board for d in res.records)
             with open(self.run_dir / f"decisions_{stage}_{opponent}.jsonl", "w") as f:
                 for d in res.records:
                     f.write(json.dumps(d.to_dict()) + "\n")
@@ -102,6 +106,7 @@ class Evaluator:
         print(f"[recipe] {stage} (step {step}): " + " | ".join(said) + f" | teacher positions best "
               f"{rates['best_move_rate']:.1%} value-preserving {rates['value_preserving_rate']:.1%} "
               f"legal {rates['legal_rate']:.1%}", flush=True)
-        return StageEval(out, wrong_games["minimax"], wrong_games["random"] + wrong, list(met))
+        every = list(dict.fromkeys(b for o in met for b in met[o]))
+        return StageEval(out, wrong_games["minimax"], wrong_games["random"] + wrong, every, list(met["minimax"]))
 
 
