@@ -225,6 +225,29 @@ def test_position_batches_repeat_the_focus_up_to_its_share():
     assert batch_boards([], [], replay, cfg, random.Random(0)) == []
 
 
+def test_focus_slots_go_to_the_wrong_decisions_that_cost_their_seat_most():
+    """focus_by="reach": when the focus positions do not all fit, a batch's focus slots are drawn in proportion to
+    each position's weight (the recipe's: how likely the games against minimax reach it). Found in a 27-minute
+    run: a wrong decision every game of the X seat passed through (X 0%) shared one slot with 3-19 wrong ones deep
+    in O's rare branches, and was visited about once in 5 batches until the budget ran out."""
+    import random
+
+    from ludic.tictactoe.position_rl import PositionRLConfig, batch_boards
+    from ludic.tictactoe.synth import teacher_positions
+
+    boards = teacher_positions()
+    focus, replay = boards[:10], boards[10:]
+    weights = {b: 1.0 if i == 3 else 1 / 200 for i, b in enumerate(focus)}
+    cfg = PositionRLConfig(positions_per_step=16, replay_fraction=0.94, focus_by="reach")
+    by_reach = [batch_boards(focus, [], replay, cfg, random.Random(s), focus_weight=weights.get)[0] for s in range(50)]
+    uniform = [batch_boards(focus, [], replay, cfg, random.Random(s))[0] for s in range(50)]
+    assert by_reach.count(focus[3]) >= 40 and uniform.count(focus[3]) <= 15
+    assert all(len(batch_boards(focus, [], replay, cfg, random.Random(s), focus_weight=weights.get)) == 16
+               for s in range(5))
+    few = batch_boards(focus[:1], [], replay, cfg, random.Random(0), focus_weight=weights.get)  # all fit: all taken
+    assert few[0] == focus[0]
+
+
 def test_replay_trained_revisits_the_decisions_earlier_rounds_fixed():
     """replay="trained": a round's replay share goes to the focus positions of earlier rounds (measured: a
     decision fixed in round 1 and not drawn in round 2 was forgotten by round 3), not to uniform teacher
@@ -328,6 +351,7 @@ def test_tree_replay_keeps_the_policys_own_tree_against_minimax_and_its_failures
     from transformers import AutoTokenizer
 
     from ludic.inference.client import FunctionClient
+    from ludic.tictactoe.board import EMPTY_BOARD
     from ludic.tictactoe.position_rl import PositionRLConfig, UniformCellClient, View, round_sets
     from ludic.tictactoe.positions import board_from_string
     from ludic.tictactoe.recipe_eval import Evaluator
@@ -343,6 +367,7 @@ def test_tree_replay_keeps_the_policys_own_tree_against_minimax_and_its_failures
         return [board_from_string(json.loads(line)["board"]) for line in open(tmp_path / f"decisions_sft_{opponent}.jsonl")]
 
     assert stage.tree == list(dict.fromkeys(decided("minimax")))
+    assert set(stage.reach) == set(stage.tree) and stage.reach[EMPTY_BOARD] == 1.0  # every X game starts there
     assert set(stage.met) == set(decided("minimax")) | set(decided("random")) and len(stage.met) > len(stage.tree)
     off_tree = [b for b in stage.tree if b not in set(teacher)]
     assert off_tree  # a policy off the teacher's line decides outside the 335 against minimax
@@ -438,6 +463,29 @@ def test_position_grpo_records_shortfalls_from_its_batches(tiny_model_dir, tmp_p
     assert len(set(drawn)) == 3 and len(rl.shortfalls.values) == 3
     assert all(v == BEST - ILLEGAL for v in rl.shortfalls.values.values())
     assert m["shortfall_mean"] == BEST - ILLEGAL
+
+
+def test_position_grpo_draws_its_focus_slot_by_the_weights_run_is_given(tiny_model_dir, tmp_path):
+    """PositionGRPO(focus_by="reach"): ``run(..., focus_weights=...)`` (the recipe passes StageEval.reach) decides
+    which focus position takes a batch's focus slot; without the weights the draw is uniform."""
+    import asyncio
+
+    from ludic.inference.transformers_engine import TransformersEngine
+    from ludic.tictactoe.position_rl import PositionGRPO, PositionRLConfig, View
+    from ludic.tictactoe.positions import board_from_string
+    from ludic.tictactoe.synth import teacher_positions
+    from ludic.training.lora import LoraSettings, load_policy
+
+    model, tok = load_policy(str(tiny_model_dir), lora=LoraSettings(rank=4, alpha=8), dtype="float32", seed=0)
+    view = View("Tic-tac-toe.", compact=True, show_moves=False, max_tokens=4, answer="cell")
+    boards = teacher_positions()
+    cfg = PositionRLConfig(positions_per_step=4, group_size=2, replay="tree", replay_fraction=0.75, focus_by="reach")
+    rl = PositionGRPO(model, tok, TransformersEngine(model, tok), view, cfg, tmp_path / "rl")
+    asyncio.run(rl.run(0, [], replay=boards[10:], focus=boards[:10], focus_weights={boards[3]: 1.0}))
+    first = [board_from_string(rl._requests()[0].env.kwargs["board"]) for _ in range(30)]
+    assert first.count(boards[3]) >= 28  # the others weigh 1e-6 (no weight given)
+    asyncio.run(rl.run(0, [], replay=boards[10:], focus=boards[:10]))
+    assert len({board_from_string(rl._requests()[0].env.kwargs["board"]) for _ in range(30)}) > 3
 
 
 def test_position_grpo_with_kl_keeps_solved_groups_and_reports_kl(tiny_model_dir, tmp_path):

@@ -197,7 +197,8 @@ def test_teacher_none_takes_the_modes_own_defaults_and_flags_still_win():
 
     from ludic.cli import recipe_tictactoe_config
     from ludic.config import parse_config
-    from ludic.tictactoe.recipe import REWARDS_ONLY_DEFAULTS, RecipeConfig, rewards_only_config
+    from ludic.tictactoe.recipe import RecipeConfig, rewards_only_config
+    from ludic.tictactoe.rewards_only import REWARDS_ONLY_DEFAULTS
 
     plain = RecipeConfig()
     assert all(getattr(plain, k) != v for k, v in REWARDS_ONLY_DEFAULTS.items())  # each is a real change
@@ -219,13 +220,15 @@ def test_the_outcome_reward_runs_with_the_modes_defaults():
     import pytest
 
     from ludic.cli import recipe_tictactoe_config
-    from ludic.tictactoe.recipe import REWARDS_ONLY_DEFAULTS, RecipeConfig, check_config, rewards_only_config
+    from ludic.tictactoe.recipe import RecipeConfig, check_config, rewards_only_config
+    from ludic.tictactoe.rewards_only import REWARDS_ONLY_DEFAULTS
 
     cfg = recipe_tictactoe_config(["--teacher", "none", "--reward", "outcome"])
     check_config(cfg)
     assert cfg.rl_explore_samples == 0 and cfg.show_moves and cfg.cold_start_epochs == 0.5
     assert cfg.rl_steps_per_round == 16 and cfg.group_size == 8 and cfg.rl_replay == "teacher"  # as its studies ran
     assert cfg.rl_replay_priority == 0.0  # positions are the move reward's: a game's group has none to weigh
+    assert cfg.rl_focus_share == 0.0 and cfg.rl_temperature == 1.0  # measured with the move reward only
     # the move reward's step (a LoRA at 1e-3) collapsed the outcome reward's groups within 20 batches (every game of
     # a group alike, RL stopped for lack of signal at 21 minutes); the solver path's 2e-4 ran its 27 minutes
     assert cfg.rl_lr == RecipeConfig().rl_lr < REWARDS_ONLY_DEFAULTS["rl_lr"]
@@ -233,6 +236,8 @@ def test_the_outcome_reward_runs_with_the_modes_defaults():
     check_config(recipe_tictactoe_config(["--teacher", "none"]))  # the move reward keeps its exploring samples
     with pytest.raises(ValueError, match="works with --reward move only"):
         check_config(recipe_tictactoe_config(["--teacher", "none", "--reward", "outcome", "--rl-explore-samples", "2"]))
+    with pytest.raises(ValueError, match="--rl-focus-share must be in"):
+        check_config(recipe_tictactoe_config(["--teacher", "none", "--reward", "outcome", "--rl-focus-share", "0.5"]))
 
 
 def test_the_rl_stage_takes_its_step_flags_for_either_reward():
@@ -246,9 +251,13 @@ def test_the_rl_stage_takes_its_step_flags_for_either_reward():
     plain = rl_config(recipe_tictactoe_config(["--teacher", "none"]))
     assert isinstance(plain, PositionRLConfig) and plain.trainer.ppo_epochs == 1 and plain.trainer.lr == 1e-3
     assert plain.explore == "uniform" and plain.explore_samples == 1 and plain.group_size == 4
-    assert plain.replay == "all" and plain.replay_fraction == 0.94
+    assert plain.replay == "tree" and plain.replay_fraction == 0.94 and plain.focus_share == 0.0
+    assert plain.temperature == 0.7
     passes = rl_config(recipe_tictactoe_config(["--teacher", "none", "--rl-ppo-epochs", "3"]))
     assert passes.trainer.ppo_epochs == 3
+    focused = rl_config(recipe_tictactoe_config(["--teacher", "none", "--rl-focus-share", "0.25",
+                                                 "--rl-replay-fraction", "0.75"]))
+    assert focused.focus_share == 0.25 and focused.replay_fraction == 0.75
     games = rl_config(recipe_tictactoe_config(["--teacher", "none", "--reward", "outcome", "--rl-ppo-epochs", "2"]))
     assert isinstance(games, OutcomeRLConfig) and games.trainer.ppo_epochs == 2 and games.ladder[0] == "random"
     assert games.group_size == 8  # the batch shape measured with the move reward is the move reward's only

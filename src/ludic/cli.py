@@ -148,7 +148,8 @@ def _flag(argv: list[str], flag: str, default: str) -> str:
 def recipe_tictactoe_config(argv: list[str]) -> Any:
     """``ludic recipe tictactoe``'s flags parsed: a ``SeedRecipeConfig`` for ``--ctx truncated`` (the seed's own
     workflow), else a ``RecipeConfig``, with ``rewards_only_defaults`` as the defaults under ``--teacher none``."""
-    from ludic.tictactoe.recipe import RecipeConfig, rewards_only_defaults
+    from ludic.tictactoe.recipe import RecipeConfig
+    from ludic.tictactoe.rewards_only import rewards_only_defaults
     from ludic.tictactoe.seed_recipe import SeedRecipeConfig
 
     if _flag(argv, "--ctx", "last") != "last":  # multi-turn prompts, rejection sampling, GRPO on games

@@ -11,7 +11,7 @@ import pytest
 from ludic.agents.agent import Agent
 from ludic.context import make_context
 
-from ludic.tictactoe.board import CORNERS, EMPTY, best_moves, coord, legal_moves, optimal_moves, parse_board
+from ludic.tictactoe.board import CORNERS, EMPTY, EMPTY_BOARD, best_moves, coord, legal_moves, optimal_moves, parse_board
 from ludic.tictactoe.env import TicTacToeEnv
 from ludic.tictactoe.exact import OUTCOMES, ExactResult, exact_eval, format_table
 from ludic.inference.client import ChatRequest, ChatResponse, SamplingParams
@@ -97,6 +97,22 @@ async def test_an_edge_reply_to_a_corner_opening_loses_against_minimax(tokenizer
     assert o.non_loss == Fraction(5, 9) and o.draw == Fraction(5, 9) and o.loss == Fraction(4, 9)
     assert r.both == o and set(r.seats) == {"O"}
     assert_sums_to_one(r)
+
+
+async def test_reach_is_the_share_of_a_seats_games_through_each_decision(tokenizer):
+    """ExactResult.reach: how likely the seat's games reach each position decided on. The edge reply to a corner
+    opening is reached by the 4 corner openings, 1/9 each, and loses exactly their 4/9; as X the first decision is
+    every game's; the decisions at one depth of a seat share its games' mass (1, less the games already over)."""
+    r = await exact_eval(BoardPolicyClient(solver_with_edge_blunder, tokenizer), opponent="minimax", seats=("O",))
+    corner_openings = [b for b in r.reach if b.count("X") == 1 and b.index("X") in CORNERS]
+    assert len(corner_openings) == 4 and all(r.reach[b] == Fraction(1, 9) for b in corner_openings)
+    assert sum(r.reach[b] for b in corner_openings) == r.seats["O"].loss
+    assert sum(p for b, p in r.reach.items() if b.count("X") == 1) == 1  # O's first decision: every game
+    assert set(r.reach) == {d.board for d in r.records}
+    x = await exact_eval(BoardPolicyClient(lowest_free, tokenizer), opponent="random", seats=("X",))
+    assert x.reach[EMPTY_BOARD] == 1
+    for depth in range(1, 5):  # X's decisions with `depth` X marks on the board: at most the whole seat
+        assert 0 < sum(p for b, p in x.reach.items() if b.count("X") == depth) <= 1
 
 
 async def test_lowest_free_cell_as_x_against_random(tokenizer):

@@ -21,6 +21,7 @@ Training
     pipeline.py     ``ludic actor / learner tictactoe`` and ``--pipeline N`` / ``--overlap``
     position_rl.py  GRPO on single decisions from a failure pool (the recipe's RL stage)
     recipe.py       ``ludic recipe tictactoe``: teacher SFT cold start, then rounds of position RL, timed
+    rewards_only.py the defaults of its rewards-only mode (``--teacher none``), each measured
     seed_recipe.py  the seed's workflow: teacher data, SFT, rejection sampling, GRPO with ctx truncated
     tinker.py       GRPO on tic-tac-toe through the Tinker API (a hosted trainer, or Ludic's stand-in)
 """

@@ -151,6 +151,9 @@ class ExactResult:
     """Of which the all-positions sweep."""
     records: list[Decision] = field(default_factory=list, repr=False)
     """Every distinct decision, in the order they were first answered."""
+    reach: dict[Board, Fraction] = field(default_factory=dict, repr=False)
+    """Each position decided on in the games: the probability its seat's games reach it (over the opponent's
+    branches; a seat's games have mass 1). A wrong decision there loses at most that share of the seat."""
 
     def as_metrics(self) -> dict[str, float]:
         """A flat dict of floats: ``win_rate`` ... for the mean of the seats, ``x/win_rate`` ...
@@ -331,6 +334,7 @@ async def exact_eval(
     starts = [b for seat in seats for b in _starts(seat, new_agent, dist, opponent, view)]
     tally: dict[str, dict[str, Fraction]] = {s: dict.fromkeys(OUTCOMES, Fraction(0)) for s in seats}
     met: dict[str, set[int]] = {s: set() for s in seats}
+    reach: dict[Board, Fraction] = {}
     nodes = dict.fromkeys(seats, 0)
     frontier = starts
     bar = Progress(f"exact eval vs {opponent}", unit="decision")
@@ -342,6 +346,7 @@ async def exact_eval(
             key = _record(records, b, turn)
             nodes[b.seat] += 1
             met[b.seat].add(key)
+            reach[b.env.board] = reach.get(b.env.board, Fraction(0)) + b.prob
             for prob, result, child in _expand(b, turn, dist):
                 if child is None:
                     tally[b.seat][result] += prob
@@ -360,7 +365,7 @@ async def exact_eval(
     positions = {side: st for side, st in positions.items() if st.positions}  # a seat not played meets none
     positions["all"] = _position_stats(shown)
     return ExactResult(opponent, seat_results, both, positions, sweep, len(cache), time.perf_counter() - t0,
-                       sweep_seconds, list(records.values()))
+                       sweep_seconds, list(records.values()), reach)
 
 
 def _starts(seat: str, new_agent: Callable[[], Agent], dist: Callable, opponent: str,

@@ -155,8 +155,10 @@ class GameGRPO:
         return {**game_metrics(rollouts), **self.ladder.observe(rollouts, self.steps + 1)}
 
     async def run(self, steps: int, pool: Sequence[Any] = (), replay: Sequence[Any] = (),
-                  focus: Sequence[Any] = (), on_step: Callable[[int, dict], Any] | None = None) -> dict[str, Any]:
-        """``steps`` batches of games (optimizer steps when any group's games ended differently)."""
+                  focus: Sequence[Any] = (), on_step: Callable[[int, dict], Any] | None = None,
+                  focus_weights: Any = None) -> dict[str, Any]:
+        """``steps`` batches of games (optimizer steps when any group's games ended differently); the positions
+        and their weights are ``PositionGRPO``'s (a game starts from the empty board)."""
         return await train_batches(self, steps, on_step)
 
 

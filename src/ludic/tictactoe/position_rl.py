@@ -22,7 +22,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import ludic.tictactoe.board as ttt
 from ludic.tictactoe.env import format_observation
@@ -102,6 +102,8 @@ EXPLORE_MODES = ("hotter", "uniform")
 """How a group's exploring samples are drawn (``PositionRLConfig.explore``)."""
 REPLAY_FROM = ("teacher", "trained", "all", "played", "failed", "tree")
 """Where a batch's replay share is drawn from (``PositionRLConfig.replay``)."""
+FOCUS_BY = ("uniform", "reach")
+"""How a batch's focus slots are drawn from the focus positions (``PositionRLConfig.focus_by``)."""
 
 
 class UniformCellClient(FunctionClient):
@@ -160,6 +162,12 @@ class PositionRLConfig:
     """Least share of each batch's groups given to ``focus`` positions: when there are fewer focus
     positions than that, they are repeated (several groups of the same decision), so the last few
     mistakes get most of the signal instead of one group in sixteen."""
+    focus_by: str = "uniform"
+    """How the focus slots are drawn when there are more focus positions than slots: ``uniform``, or ``reach``, in
+    proportion to the weight ``run`` is given for each (the recipe gives how likely the last evaluation's games
+    against minimax reach it: a wrong decision every game of a seat passes through costs the whole seat, one
+    deep in a rare branch a sliver of it). The weights come from the policy's own games and the solver's verdict
+    on them, never from a move shown."""
     group_size: int = 8
     temperature: float = 1.0
     explore_samples: int = 0
@@ -236,6 +244,10 @@ class PositionGRPO:
             raise ValueError(f"PositionRLConfig.explore must be one of {EXPLORE_MODES}, got {cfg.explore!r}")
         if not 0.0 <= cfg.replay_priority <= 1.0:
             raise ValueError(f"PositionRLConfig.replay_priority must be in [0, 1], got {cfg.replay_priority}")
+        if cfg.focus_by not in FOCUS_BY:
+            raise ValueError(f"PositionRLConfig.focus_by must be one of {FOCUS_BY}, got {cfg.focus_by!r}")
+        self.focus_weights: dict[ttt.Board, float] = {}
+        """The weight of each focus position (``focus_by="reach"``), from the last ``run`` call."""
 
         def factory(temperature: float = cfg.temperature, sampler: ChatClient = client) -> Callable[[], SingleAgentProtocol]:
             return lambda: SingleAgentProtocol(view.agent(sampler, temperature))
@@ -250,7 +262,9 @@ class PositionGRPO:
                                      explored_gains_only=cfg.explore == "uniform")
 
     def _requests(self) -> list[RolloutRequest]:
-        boards = batch_boards(self.focus, self.pool, self.replay, self.cfg, self.rng, self.shortfalls)
+        by_reach = (lambda b: max(self.focus_weights.get(b, 0.0), 1e-6)) if self.cfg.focus_by == "reach" else None
+        boards = batch_boards(self.focus, self.pool, self.replay, self.cfg, self.rng, self.shortfalls,
+                              focus_weight=by_reach)
         return [RolloutRequest(EnvSpec("tictactoe_position", self.view.env_kwargs(b)), max_steps=1) for b in boards]
 
     def _metrics(self, rollouts: Sequence[Any]) -> dict[str, float]:
@@ -262,11 +276,13 @@ class PositionGRPO:
         return out
 
     async def run(self, steps: int, pool: Sequence[ttt.Board], replay: Sequence[ttt.Board] = (),
-                  focus: Sequence[ttt.Board] = (), on_step: Callable[[int, dict], Any] | None = None) -> dict[str, Any]:
+                  focus: Sequence[ttt.Board] = (), on_step: Callable[[int, dict], Any] | None = None,
+                  focus_weights: Mapping[ttt.Board, float] | None = None) -> dict[str, Any]:
         """``steps`` batches (optimizer steps when any group carries signal). A batch takes the
-        ``focus`` positions first (all of them when they fit), fills up from ``pool``, and adds
-        ``replay_fraction`` of ``replay`` positions."""
+        ``focus`` positions first (all of them when they fit; else drawn by ``cfg.focus_by``, with
+        ``focus_weights``), fills up from ``pool``, and adds ``replay_fraction`` of ``replay`` positions."""
         self.focus, self.pool, self.replay = round_sets(focus, pool, replay, self.past_focus, self.cfg)
+        self.focus_weights = dict(focus_weights or {})
         self.past_focus = list(dict.fromkeys(self.past_focus + self.focus))
         if not self.focus and not self.pool:
             return {}
@@ -358,14 +374,20 @@ async def train_batches(rl: Any, steps: int, on_step: Callable[[int, dict], Any]
 
 def batch_boards(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: Sequence[ttt.Board],
                  cfg: PositionRLConfig, rng: random.Random,
-                 weight: Callable[[ttt.Board], float] | None = None) -> list[ttt.Board]:
-    """One batch's positions (one GRPO group each): the ``focus`` positions first, repeated up to
-    ``cfg.focus_share`` of the batch, then ``pool`` positions, then ``cfg.replay_fraction`` of
-    ``replay`` positions (none when there is nothing to fix), ``cfg.replay_priority`` of those drawn in
-    proportion to ``weight`` (``Shortfalls``) and the rest uniformly, all distinct."""
+                 weight: Callable[[ttt.Board], float] | None = None,
+                 focus_weight: Callable[[ttt.Board], float] | None = None) -> list[ttt.Board]:
+    """One batch's positions (one GRPO group each): the ``focus`` positions first (those that fit drawn in
+    proportion to ``focus_weight`` when given, else uniformly), repeated up to ``cfg.focus_share`` of the batch,
+    then ``pool`` positions, then ``cfg.replay_fraction`` of ``replay`` positions (none when there is nothing to
+    fix), ``cfg.replay_priority`` of those drawn in proportion to ``weight`` (``Shortfalls``) and the rest
+    uniformly, all distinct."""
     n = cfg.positions_per_step
     n_replay = min(len(replay), round(n * cfg.replay_fraction)) if focus or pool else 0
-    boards = rng.sample(list(focus), min(n - n_replay, len(focus)))
+    k = min(n - n_replay, len(focus))
+    if focus_weight is not None and k < len(focus):
+        boards = weighted_sample(focus, [focus_weight(b) for b in focus], k, rng)
+    else:
+        boards = rng.sample(list(focus), k)
     if boards:
         want = min(n - n_replay, math.ceil(n * cfg.focus_share))
         boards += [focus[i % len(focus)] for i in range(max(0, want - len(boards)))]

@@ -1,15 +1,13 @@
-"""``ludic recipe tictactoe`` (= ``make train``): perfect tic-tac-toe from a small LLM on a CPU.
+"""``ludic recipe tictactoe``: perfect tic-tac-toe from a small LLM on a CPU.
 
     0. base: exact evaluation (greedy policy vs minimax and vs random, both seats, every
        opponent branch) and the policy's move on the 335 teacher positions
-    1. teacher data: the solver's move on every position it can ever face (history-free prompts)
-    2. SFT on that data, of the top half of the layers (the bottom half and the embeddings are
-       frozen: no backward through them); the per-position accuracy is traced as it trains
-    3. exact evaluation of the SFT policy
-    4. RL: a LoRA adapter on the top half of the layers, trained in rounds of position-level GRPO with the solver's
-       reward on the decisions the policy still gets wrong (found by the exact evaluations
-       and the teacher positions): a curriculum built from failures
-    5. exact evaluation; report.md, report.json, learning_curves.png and games.jsonl (the games, replayed)
+    1. cold start: SFT of the top half of the layers (the rest frozen) on the solver's move on every position it
+       can ever face (``--teacher solver``), or on uniformly random legal cells (``--teacher none``: rewards only,
+       no good move shown); the per-position accuracy is traced as it trains; then its exact evaluation
+    2. RL: a LoRA adapter on the top half of the layers, trained in rounds of position-level GRPO with the solver's
+       score of each sampled move, on the decisions the exact evaluations find wrong and a replay of others
+    3. exact evaluation; report.md, report.json, learning_curves.png and games.jsonl (the games, replayed)
 
 ``--budget-minutes`` fits the run to a wall-time budget: SFT and RL steps are set from
 step times measured in this run. Everything runs in one process on one model object (no
@@ -35,6 +33,7 @@ from ludic.tictactoe.prompts import ANSWER_TOKENS, ColdStartBlock
 from ludic.recipes.common import Clock, machine
 from ludic.tictactoe.recipe_eval import Evaluator, load_trainable_state, trainable_state
 from ludic.tictactoe.recipe_report import precision, write_report
+from ludic.tictactoe.rewards_only import rewards_only_defaults
 from ludic.tictactoe.showcase import write_games
 from ludic.training.signal import TrainingStopped
 
@@ -118,6 +117,13 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     rl_replay_priority: float = 0.0
     """--reward move: share of the replayed positions drawn by how far the policy's samples there fell short of the
     best reward lately, not uniformly (``PositionRLConfig.replay_priority``)."""
+    rl_focus_share: float = 0.0
+    """--reward move: least share of each RL batch given to the positions the last evaluation found wrong against
+    minimax, repeated when fewer, within what the replay share leaves (``PositionRLConfig.focus_share``)."""
+    rl_focus_by: str = "uniform"
+    """--reward move: how the batch's slots for those positions are drawn when they do not all fit: uniform, or
+    reach (in proportion to how likely the evaluation's games against minimax reach each, so to what a wrong
+    decision there costs its seat; ``PositionRLConfig.focus_by``)."""
     rl_lr: float = 2e-4
     rl_lr_schedule: str = "constant"
     """The RL step over the stage: constant, or a cosine or linear decay to 0 at its last batch (with a budget, over
@@ -162,48 +168,6 @@ def bottom_cache_pays(frozen_layers: int, samples: int, items: int) -> bool:
     return frozen_layers > 0 and samples > items
 
 
-REWARDS_ONLY_DEFAULTS: dict[str, Any] = {
-    "show_moves": True, "cold_start_epochs": 0.5, "curve_points": 0, "rl_steps_per_round": 64, "rl_lr": 1e-3,
-    "group_size": 4, "rl_explore_samples": 1, "rl_explore": "uniform", "rl_replay": "all", "rl_replay_fraction": 0.94,
-    "rl_lr_schedule": "cosine", "rl_replay_priority": 0.5,
-}
-"""The defaults of ``--teacher none`` where they differ from the solver path's (``ludic recipe tictactoe
---teacher none`` parses with them; flags given still win; ``rewards_only_config`` in Python). Each was measured
-against the solver path's value in this mode (docs/studies.md, "Tic-tac-toe from rewards alone"): the free cells
-in the prompt make the random-cell cold start 100% legal in half an epoch; with no SFT curve to draw, its
-evaluations are skipped; a LoRA at 1e-3 learns where 2e-4 barely moves. Batches of 16 positions, 15 of them drawn
-uniformly from all 335 (right or wrong: the failure curriculum swung from round to round), in groups of 4 samples
-of which one is a uniformly random legal cell (learned from only when it beats the group: it keeps signal where
-the policy answers alike), 64 batches between exact evaluations: against the earlier defaults (failure pool,
-groups of 8 with 2 random, 16 batches a round) seeds 0-2 kept 60-64% value-preserving moves instead of 47-58%,
-exact non-loss against minimax about level. The step decays (cosine, to 0 at the last batch the budget holds):
-at a constant 1e-3 the policy's moves plateaued at about 65% value-preserving, with the decay they went on to 88%
-(docs/studies.md). Half of the 15 replayed positions are drawn by shortfall (``PositionRLConfig.replay_priority``:
-where the policy's own samples earned less lately): seeds 0-2 kept O 67.9-72.7% and 90.7-95.2% value-preserving
-moves, against 42.3-53.8% and 87.5-88.1% with all 15 uniform, X about level (62.5-100% against 75-100%)."""
-
-
-MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore", "rl_lr", "rl_lr_schedule", "group_size", "rl_replay",
-                    "rl_replay_fraction", "rl_replay_priority")
-"""Defaults of the mode that only the move reward takes: a position's group explores, a game's does not; the LoRA
-at 1e-3, measured with the move reward, collapsed the outcome reward's groups within 20 batches (every game of a
-group alike, so RL stopped for lack of signal at 21 of 57 minutes), where the solver path's 2e-4 ran its 27 minutes
-(docs/studies.md); the batch shape and the uniform replay were measured with the move reward only, so the outcome
-reward keeps 16 batches a round (``OUTCOME_REWARD_DEFAULTS``) of groups of 8."""
-
-OUTCOME_REWARD_DEFAULTS: dict[str, Any] = {"rl_steps_per_round": 16}
-"""Where the outcome reward's defaults differ from the move reward's in this mode (what its studies ran with)."""
-
-
-def rewards_only_defaults(reward: str = "move") -> dict[str, Any]:
-    """``REWARDS_ONLY_DEFAULTS`` for ``reward``: under ``outcome`` without ``MOVE_REWARD_ONLY`` (the exploring
-    samples, the 1e-3 step, the batch shape), so the outcome reward takes the solver path's values of those, and
-    with ``OUTCOME_REWARD_DEFAULTS``."""
-    if reward == "move":
-        return dict(REWARDS_ONLY_DEFAULTS)
-    return {**{k: v for k, v in REWARDS_ONLY_DEFAULTS.items() if k not in MOVE_REWARD_ONLY}, **OUTCOME_REWARD_DEFAULTS}
-
-
 def rewards_only_config(**overrides: Any) -> RecipeConfig:
     """A ``RecipeConfig`` for ``--teacher none`` with the mode's defaults (``rewards_only_defaults`` of the
     reward), then ``overrides``."""
@@ -237,13 +201,14 @@ def rl_config(cfg: RecipeConfig) -> Any:
                             explore_samples=cfg.rl_explore_samples, explore=cfg.rl_explore,
                             explore_temperature=cfg.rl_explore_temperature,
                             replay_fraction=cfg.rl_replay_fraction, replay=cfg.rl_replay,
-                            replay_priority=cfg.rl_replay_priority,
+                            replay_priority=cfg.rl_replay_priority, focus_share=cfg.rl_focus_share,
+                            focus_by=cfg.rl_focus_by,
                             kl_coef=cfg.rl_kl_coef, entropy_coef=cfg.rl_entropy_coef, trainer=trainer)
 
 
 def check_config(cfg: RecipeConfig) -> None:
     """The flags' errors, before anything loads: a ``ValueError`` that names the flag."""
-    from ludic.tictactoe.position_rl import EXPLORE_MODES, REPLAY_FROM
+    from ludic.tictactoe.position_rl import EXPLORE_MODES, FOCUS_BY, REPLAY_FROM
     from ludic.training.config import LR_SCHEDULES
     from ludic.training.loggers import logger_names
 
@@ -263,6 +228,10 @@ def check_config(cfg: RecipeConfig) -> None:
         raise ValueError(f"--rl-replay-fraction must be in [0, 1), got {cfg.rl_replay_fraction}")
     if not 0.0 <= cfg.rl_replay_priority <= 1.0 or (cfg.rl_replay_priority and cfg.reward != "move"):
         raise ValueError(f"--rl-replay-priority must be in [0, 1], --reward move, got {cfg.rl_replay_priority}")
+    if not 0.0 <= cfg.rl_focus_share <= 1.0 or (cfg.rl_focus_share and cfg.reward != "move"):
+        raise ValueError(f"--rl-focus-share must be in [0, 1], --reward move, got {cfg.rl_focus_share}")
+    if cfg.rl_focus_by not in FOCUS_BY or (cfg.rl_focus_by != "uniform" and cfg.reward != "move"):
+        raise ValueError(f"--rl-focus-by must be one of {FOCUS_BY}, --reward move, got {cfg.rl_focus_by!r}")
     if cfg.rl_explore not in EXPLORE_MODES:
         raise ValueError(f"--rl-explore must be one of {EXPLORE_MODES}, got {cfg.rl_explore!r}")
     if cfg.rl_explore_samples and cfg.reward != "move":
@@ -412,6 +381,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     final_eval_s = clock.seconds["eval_sft"]  # what the closing full evaluation will take, about
     focus, pool, batch_s, round_eval_s = sft_eval.focus, sft_eval.pool, 0.0, 0.0
     met, tree = sft_eval.met, sft_eval.tree  # positions met in its exact games so far (played), vs minimax last (tree)
+    reach = sft_eval.reach  # how likely the last games against minimax reach each position (--rl-focus-by reach)
     best = (sft_eval.score(), 0, trainable_state(model))  # (score, RL batches, adapter) of the best round
     last_round: dict[str, Any] = {}  # the last round's evaluation (minimax and teacher positions)
     stopped = "rounds" if cfg.rl_rounds or cfg.max_rl_rounds or not cfg.budget_minutes else "budget"
@@ -441,7 +411,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         t0, steps_before = time.perf_counter(), rl.steps
         try:
             replay = list(dict.fromkeys(teacher + {"played": met, "tree": tree}.get(cfg.rl_replay, [])))
-            await rl.run(steps, pool, replay=replay, focus=focus, on_step=on_step)
+            await rl.run(steps, pool, replay=replay, focus=focus, on_step=on_step, focus_weights=reach)
         except TrainingStopped as e:
             if e.reason not in ("empty_batches", "no_signal", "saturated"):
                 raise
@@ -459,6 +429,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
         if round_eval.score() > best[0]:
             best = (round_eval.score(), rl.steps, trainable_state(model))
         focus, met, tree = round_eval.focus, list(dict.fromkeys(met + round_eval.met)), round_eval.tree
+        reach = round_eval.reach
         # perfect on what this round measured: nothing left to train (the goal; the pool keeps old
         # mistakes as replay otherwise)
         pool = [] if not focus and not round_eval.pool else list(

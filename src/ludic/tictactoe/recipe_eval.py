@@ -16,12 +16,13 @@ class StageEval:
     ``pool`` (met against random, or among the teacher positions), ``met``: every position the
     policy decided on in the evaluation's games, right or wrong (its own states, against every opponent), and
     ``tree``: those of its games against minimax (every branch of minimax's tie-breaks), the positions the
-    minimax metric is made of."""
+    minimax metric is made of, and ``reach``: how likely its games against minimax (in that position's seat) reach
+    each of them, so a wrong decision there costs at most that share of the seat (``ExactResult.reach``)."""
 
     def __init__(self, metrics: dict[str, dict[str, float]], focus: list, pool: list, met: list,
-                 tree: list | None = None) -> None:
+                 tree: list | None = None, reach: dict | None = None) -> None:
         self.metrics, self.focus, self.pool, self.met = metrics, focus, pool, met
-        self.tree = tree or []
+        self.tree, self.reach = tree or [], reach or {}
 
     def score(self) -> tuple[float, float, float]:
         """What RL maximises, in order: exact non-loss against minimax, then value-preserving and
@@ -55,6 +56,7 @@ class Evaluator:
         self.curve: list[dict[str, Any]] = []
         self.positions_seconds = 0.0
         self._last: tuple | None = None  # ((stage, step), results, wrong games, wrong positions, positions met)
+        self.reach: dict = {}  # the last evaluation's StageEval.reach
 
     async def positions(self, stage: str, step: int = 0) -> tuple[dict[str, float], list]:
         """The policy's move on every teacher position: legal, best and value-preserving rates."""
@@ -83,6 +85,7 @@ class Evaluator:
             rates, wrong = await self.positions(stage, step)
             out, wrong_games, met = {"teacher_positions": rates}, {"minimax": [], "random": []}, {"minimax": {}}
             self._last = ((stage, step), out, wrong_games, wrong, met)
+            self.reach = {}
         for opponent in opponents:
             if opponent in out:
                 continue
@@ -93,6 +96,8 @@ class Evaluator:
             out[opponent] = res.as_metrics()
             wrong_games[opponent] = [d.board for d in res.records if not d.value_preserving]
             met[opponent] = dict.fromkeys(d.board for d in res.records)
+            if opponent == "minimax":
+                self.reach = {b: float(p) for b, p in res.reach.items()}
             with open(self.run_dir / f"decisions_{stage}_{opponent}.jsonl", "w") as f:
                 for d in res.records:
                     f.write(json.dumps(d.to_dict()) + "\n")
@@ -107,6 +112,7 @@ class Evaluator:
               f"{rates['best_move_rate']:.1%} value-preserving {rates['value_preserving_rate']:.1%} "
               f"legal {rates['legal_rate']:.1%}", flush=True)
         every = list(dict.fromkeys(b for o in met for b in met[o]))
-        return StageEval(out, wrong_games["minimax"], wrong_games["random"] + wrong, every, list(met["minimax"]))
+        return StageEval(out, wrong_games["minimax"], wrong_games["random"] + wrong, every, list(met["minimax"]),
+                         self.reach)
 
 
