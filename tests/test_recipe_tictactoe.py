@@ -232,7 +232,7 @@ def test_focus_slots_go_to_the_wrong_decisions_that_cost_their_seat_most():
     in O's rare branches, and was visited about once in 5 batches until the budget ran out."""
     import random
 
-    from ludic.tictactoe.position_rl import PositionRLConfig, batch_boards
+    from ludic.tictactoe.position_rl import PositionRLConfig, batch_boards, weighted_sample
     from ludic.tictactoe.synth import teacher_positions
 
     boards = teacher_positions()
@@ -246,6 +246,8 @@ def test_focus_slots_go_to_the_wrong_decisions_that_cost_their_seat_most():
                for s in range(5))
     few = batch_boards(focus[:1], [], replay, cfg, random.Random(0), focus_weight=weights.get)  # all fit: all taken
     assert few[0] == focus[0]
+    # was: equal small weights drew the same item every time (u ** (1 / 1e-6) rounds to 0 for every u: a tie)
+    assert len({weighted_sample(focus, [1e-6] * 10, 1, random.Random(s))[0] for s in range(30)}) > 3
 
 
 def test_replay_trained_revisits_the_decisions_earlier_rounds_fixed():

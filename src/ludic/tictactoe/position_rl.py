@@ -402,8 +402,9 @@ def batch_boards(focus: Sequence[ttt.Board], pool: Sequence[ttt.Board], replay: 
 
 def weighted_sample(items: Sequence[Any], weights: Sequence[float], k: int, rng: random.Random) -> list[Any]:
     """``k`` distinct items, each draw in proportion to the weights (positive) of the items not yet drawn
-    (Efraimidis and Spirakis: the ``k`` largest of ``u ** (1 / weight)``)."""
-    keys = [(rng.random() ** (1.0 / w), i) for i, w in enumerate(weights)]
+    (Efraimidis and Spirakis: the ``k`` largest of ``u ** (1 / weight)``, compared as ``log(u) / weight``, which
+    orders them alike without ``u ** (1 / weight)`` rounding to 0 for every small weight)."""
+    keys = [((math.log(u) if (u := rng.random()) > 0 else -math.inf) / w, i) for i, w in enumerate(weights)]
     return [items[i] for _, i in sorted(keys, reverse=True)[:k]]
 
 

@@ -23,9 +23,9 @@ instead of 47-58%). The step decays (cosine, to 0 at the last batch the budget h
 moves plateaued at about 65% value-preserving, with the decay they went on to 88%. Half of the replayed positions
 are drawn by shortfall (``PositionRLConfig.replay_priority``: where the policy's own samples earned less lately):
 O 67.9-72.7% kept against 42.3-53.8% with all uniform. The replay is the policy's own tree against minimax
-(``replay="tree"``) and samples are drawn at 0.7: in 27 minutes seeds 0-2 kept O 95.8-100% (X 100, 100 and, at
-seed 0, 0%: one wrong decision) where the 335 alone at 1.0 kept O 68-83% (docs/studies.md, "A cooler sampler
-and the policy tree replayed")."""
+(``replay="tree"``) and samples are drawn at 0.7: in 27 minutes seeds 1 and 2 kept X 100 / O 100% and X 100 / O
+99.3%, seed 0 X 0 / O 95.8% and, on a slower hour, X 75 / O 88.5%, where the 335 alone at 1.0 kept O 68-83%
+(docs/studies.md, "A cooler sampler and the policy tree replayed", "The tree as the default")."""
 
 
 MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore", "rl_lr", "rl_lr_schedule", "group_size", "rl_replay",
