@@ -56,7 +56,6 @@ class Evaluator:
         self.curve: list[dict[str, Any]] = []
         self.positions_seconds = 0.0
         self._last: tuple | None = None  # ((stage, step), results, wrong games, wrong positions, positions met)
-        self.reach: dict = {}  # the last evaluation's StageEval.reach
 
     async def positions(self, stage: str, step: int = 0) -> tuple[dict[str, float], list]:
         """The policy's move on every teacher position: legal, best and value-preserving rates."""
@@ -85,7 +84,6 @@ class Evaluator:
             rates, wrong = await self.positions(stage, step)
             out, wrong_games, met = {"teacher_positions": rates}, {"minimax": [], "random": []}, {"minimax": {}}
             self._last = ((stage, step), out, wrong_games, wrong, met)
-            self.reach = {}
         for opponent in opponents:
             if opponent in out:
                 continue
@@ -95,9 +93,8 @@ class Evaluator:
                                    parser=self.view.parser())
             out[opponent] = res.as_metrics()
             wrong_games[opponent] = [d.board for d in res.records if not d.value_preserving]
-            met[opponent] = dict.fromkeys(d.board for d in res.records)
-            if opponent == "minimax":
-                self.reach = {b: float(p) for b, p in res.reach.items()}
+            # each position met, with how likely the games reach it (StageEval.reach)
+            met[opponent] = {b: float(res.reach.get(b, 0)) for b in dict.fromkeys(d.board for d in res.records)}
             with open(self.run_dir / f"decisions_{stage}_{opponent}.jsonl", "w") as f:
                 for d in res.records:
                     f.write(json.dumps(d.to_dict()) + "\n")
@@ -113,6 +110,6 @@ class Evaluator:
               f"legal {rates['legal_rate']:.1%}", flush=True)
         every = list(dict.fromkeys(b for o in met for b in met[o]))
         return StageEval(out, wrong_games["minimax"], wrong_games["random"] + wrong, every, list(met["minimax"]),
-                         self.reach)
+                         dict(met["minimax"]))
 
 
