@@ -126,9 +126,11 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     decision there costs its seat; ``PositionRLConfig.focus_by``)."""
     rl_lr: float = 2e-4
     rl_lr_schedule: str = "constant"
-    """The RL step over the stage: constant, or a cosine or linear decay to 0 at its last batch (with a budget, over
-    the batches it holds, re-planned from the measured batch and evaluation times after the first batches and each
-    round; ``Clock.batches_left``)."""
+    """The RL step over the stage: constant, or a cosine or linear decay to ``rl_lr_floor`` at its last batch (with
+    a budget, over the batches it holds, re-planned from the measured batch and evaluation times after the first
+    batches and each round; ``Clock.batches_left``)."""
+    rl_lr_floor: float = 0.0
+    """Where the RL step's decay ends, as a fraction of --rl-lr (0: at 0; ``TrainerConfig.lr_floor``)."""
     rl_ppo_epochs: int = 1
     """Optimizer passes over each sampled RL batch (``TrainerConfig.ppo_epochs``; the later passes are clipped
     against the sampling policy): more learned from each visit to a position, for the cost of the training alone."""
@@ -185,8 +187,9 @@ def rl_config(cfg: RecipeConfig) -> Any:
     from ludic.tictactoe.position_rl import PositionRLConfig
     from ludic.training.config import TrainerConfig
 
-    trainer = TrainerConfig(lr=cfg.rl_lr, lr_schedule=cfg.rl_lr_schedule, max_grad_norm=1.0,
-                            total_steps=counted_rounds(cfg) * cfg.rl_steps_per_round, ppo_epochs=cfg.rl_ppo_epochs,
+    trainer = TrainerConfig(lr=cfg.rl_lr, lr_schedule=cfg.rl_lr_schedule, lr_floor=cfg.rl_lr_floor,
+                            max_grad_norm=1.0, total_steps=counted_rounds(cfg) * cfg.rl_steps_per_round,
+                            ppo_epochs=cfg.rl_ppo_epochs,
                             scale_lr_by_signal=cfg.rl_scale_lr_by_signal, micro_token_budget=cfg.micro_token_budget)
     if cfg.reward == "outcome":
         from ludic.tictactoe.game_rl import OutcomeRLConfig
@@ -224,6 +227,8 @@ def check_config(cfg: RecipeConfig) -> None:
         raise ValueError(f"--rl-replay must be one of {REPLAY_FROM}, got {cfg.rl_replay!r}")
     if cfg.rl_lr_schedule not in LR_SCHEDULES:
         raise ValueError(f"--rl-lr-schedule must be one of {LR_SCHEDULES}, got {cfg.rl_lr_schedule!r}")
+    if not 0.0 <= cfg.rl_lr_floor < 1.0:
+        raise ValueError(f"--rl-lr-floor must be in [0, 1), got {cfg.rl_lr_floor}")
     if not 0.0 <= cfg.rl_replay_fraction < 1.0:
         raise ValueError(f"--rl-replay-fraction must be in [0, 1), got {cfg.rl_replay_fraction}")
     if not 0.0 <= cfg.rl_replay_priority <= 1.0 or (cfg.rl_replay_priority and cfg.reward != "move"):

@@ -10,7 +10,8 @@ from typing import Any
 REWARDS_ONLY_DEFAULTS: dict[str, Any] = {
     "show_moves": True, "cold_start_epochs": 0.5, "curve_points": 0, "rl_steps_per_round": 64, "rl_lr": 1e-3,
     "group_size": 4, "rl_explore_samples": 1, "rl_explore": "uniform", "rl_lr_schedule": "cosine", "rl_replay": "tree",
-    "rl_replay_fraction": 0.94, "rl_replay_priority": 0.5, "rl_temperature": 0.7}
+    "rl_replay_fraction": 0.94, "rl_replay_priority": 0.5, "rl_temperature": 0.7, "rl_lr_floor": 0.1,
+    "budget_minutes": 28.0}
 """The defaults of ``--teacher none`` where they differ from the solver path's (``ludic recipe tictactoe
 --teacher none`` parses with them; flags given still win; ``rewards_only_config`` in Python). Each was measured
 against the solver path's value in this mode (docs/studies.md, "Tic-tac-toe from rewards alone"): the free cells
@@ -29,7 +30,7 @@ O 67.9-72.7% kept against 42.3-53.8% with all uniform. The replay is the policy'
 
 
 MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore", "rl_lr", "rl_lr_schedule", "group_size", "rl_replay",
-                    "rl_replay_fraction", "rl_replay_priority", "rl_temperature")
+                    "rl_replay_fraction", "rl_replay_priority", "rl_temperature", "rl_lr_floor", "budget_minutes")
 """Defaults of the mode that only the move reward takes: a position's group explores, a game's does not; the LoRA
 at 1e-3, measured with the move reward, collapsed the outcome reward's groups within 20 batches (every game of a
 group alike, so RL stopped for lack of signal at 21 of 57 minutes), where the solver path's 2e-4 ran its 27 minutes

@@ -25,6 +25,9 @@ class TrainerConfig:
     """Clip the global gradient norm to this."""
     lr_schedule: str = "constant"
     """One of ``LR_SCHEDULES``: "constant", "linear" or "cosine" decay to 0 over ``total_steps`` (after warmup)."""
+    lr_floor: float = 0.0
+    """Where a decay ends, as a fraction of ``lr`` (0: at 0): the step falls from ``lr`` to ``lr * lr_floor``, so the
+    last steps still learn what the last ones find (``precision.lr_factor``)."""
     warmup_steps: int = 0
     """Linear warmup from lr/warmup_steps to lr."""
     total_steps: int = 0

@@ -317,16 +317,17 @@ def lr_scaled(optimizer: torch.optim.Optimizer, scale: float):
 
 def lr_factor(cfg: TrainerConfig, step: int) -> float:
     """The learning rate's multiplier at optimizer step ``step``: linear warmup, then constant, linear or
-    cosine decay to 0 over ``total_steps``."""
+    cosine decay over ``total_steps`` from 1 to ``lr_floor`` (0: to 0)."""
     if cfg.warmup_steps and step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
     if cfg.lr_schedule == "constant" or not cfg.total_steps:
         return 1.0
     frac = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
+    floor = cfg.lr_floor
     if cfg.lr_schedule == "linear":
-        return 1.0 - frac
+        return floor + (1.0 - floor) * (1.0 - frac)
     if cfg.lr_schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * frac))
+        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac))
     raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {cfg.lr_schedule!r}")
 
 
