@@ -337,6 +337,8 @@ def test_the_rl_steps_decay_can_end_above_zero():
     for bad in ("1", "-0.1"):
         with pytest.raises(ValueError, match="--rl-lr-floor"):
             check_config(recipe_tictactoe_config(["--teacher", "none", "--rl-lr-floor", bad]))
+        with pytest.raises(ValueError, match="lr_floor"):  # every recipe's trainer section (ludic train env --lr-floor)
+            TrainerConfig(lr_floor=float(bad))
 
 
 def test_a_decaying_rl_step_reaches_zero_at_the_last_batch(tiny_model_dir, tmp_path):

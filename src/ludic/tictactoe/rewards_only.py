@@ -21,13 +21,13 @@ the group: it keeps signal where the policy answers alike), 64 batches between e
 failure pool, groups of 8 with 2 random and 16 batches a round, seeds 0-2 kept 60-64% value-preserving moves
 instead of 47-58%). The step decays (cosine, to 0 at the last batch the budget holds): at a constant 1e-3 the
 moves plateaued at about 65% value-preserving, with the decay they went on to 88%; ending it at a tenth instead
-(``--rl-lr-floor 0.1``, with a 28-minute budget) met the goal at one seed of three, not two, so it is a flag. Half of the replayed positions
-are drawn by shortfall (``PositionRLConfig.replay_priority``: where the policy's own samples earned less lately):
-O 67.9-72.7% kept against 42.3-53.8% with all uniform. The replay is the policy's own tree against minimax
-(``replay="tree"``) and samples are drawn at 0.7: in 27 minutes seeds 1 and 2 kept X 100 / O 100% and X 100 / O
-99.3%, seed 0 X 0 / O 95.8% and, on a slower hour, X 75 / O 88.5%, where the 335 alone at 1.0 kept O 68-83%
-(docs/studies.md, "A cooler sampler and the policy tree replayed", "The tree as the default", "A floor under the
-decay")."""
+(``--rl-lr-floor 0.1``, with a 28-minute budget) met the goal at one seed of three, not two, so it is a flag. Half
+of the replayed positions are drawn by shortfall (``PositionRLConfig.replay_priority``: where the policy's own
+samples earned less lately): O 67.9-72.7% kept against 42.3-53.8% with all uniform. The replay is the policy's
+own tree against minimax (``replay="tree"``) and samples are drawn at 0.7: in 27 minutes seeds 1 and 2 kept X
+100 / O 100% and X 100 / O 99.3%, seed 0 X 0 / O 95.8% and, on a slower hour, X 75 / O 88.5%, where the 335 alone
+at 1.0 kept O 68-83% (docs/studies.md, "A cooler sampler and the policy tree replayed", "The tree as the
+default", "A floor under the decay")."""
 
 
 MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore", "rl_lr", "rl_lr_schedule", "group_size", "rl_replay",

@@ -24,7 +24,8 @@ class TrainerConfig:
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this."""
     lr_schedule: str = "constant"
-    """One of ``LR_SCHEDULES``: "constant", "linear" or "cosine" decay to 0 over ``total_steps`` (after warmup)."""
+    """One of ``LR_SCHEDULES``: "constant", "linear" or "cosine" decay to ``lr_floor`` over ``total_steps`` (after
+    warmup)."""
     lr_floor: float = 0.0
     """Where a decay ends, as a fraction of ``lr`` (0: at 0): the step falls from ``lr`` to ``lr * lr_floor``, so the
     last steps still learn what the last ones find (``precision.lr_factor``)."""
@@ -106,6 +107,8 @@ class TrainerConfig:
     """PPO inner loop: optimizer steps per pass (the batch is shuffled and split)."""
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.lr_floor < 1.0:
+            raise ValueError(f"lr_floor must be in [0, 1) (a fraction of lr), got {self.lr_floor}")
         if not 0.0 < self.full_step_signal <= 1.0:
             raise ValueError(f"full_step_signal must be in (0, 1], got {self.full_step_signal}")
         if self.ppo_epochs < 1 or self.num_minibatches < 1:
