@@ -323,12 +323,13 @@ def lr_factor(cfg: TrainerConfig, step: int) -> float:
     if cfg.lr_schedule == "constant" or not cfg.total_steps:
         return 1.0
     frac = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps))
-    floor = cfg.lr_floor
     if cfg.lr_schedule == "linear":
-        return floor + (1.0 - floor) * (1.0 - frac)
-    if cfg.lr_schedule == "cosine":
-        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * frac))
-    raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {cfg.lr_schedule!r}")
+        decay = 1.0 - frac
+    elif cfg.lr_schedule == "cosine":
+        decay = 0.5 * (1.0 + math.cos(math.pi * frac))
+    else:
+        raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {cfg.lr_schedule!r}")
+    return cfg.lr_floor + (1.0 - cfg.lr_floor) * decay
 
 
 def make_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainerConfig) -> torch.optim.lr_scheduler.LambdaLR:
