@@ -10,6 +10,7 @@ use; any other model runs its own forward, unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Any
 
@@ -49,3 +50,63 @@ def llama_like(model: Any) -> bool:
 def rotary(attn: Any) -> Any:
     """The ``apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)`` of ``attn``'s modeling module."""
     return sys.modules[type(attn).__module__].apply_rotary_pos_emb
+
+
+def decoder_layers(model: Any) -> Any:
+    """The ModuleList of transformer blocks of an HF causal LM (peft-wrapped or not)."""
+    from ludic.inference.models import is_peft, unwrap
+
+    base = unwrap(model)
+    base = base.get_base_model() if is_peft(base) else base
+    layers = getattr(decoder_body(base), "layers", None)
+    if layers is None:
+        raise ValueError(f"cannot find the decoder layers of {type(base).__name__}: expected .get_decoder().layers")
+    return layers
+
+
+def decoder_body(model: Any) -> Any:
+    """The body of an HF causal LM (peft-wrapped or not): embeddings, layers and final norm, without the LM
+    head (``get_decoder()``, else ``.model``); None when it has neither."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder() if hasattr(base, "get_decoder") else getattr(base, "model", None)
+
+
+def frozen_bottom_layers(model: Any) -> int:
+    """How many decoder layers from the bottom have no trainable parameter (0 when the input
+    embeddings train): the part of the model ``training.lora.freeze_bottom`` froze, or below a LoRA
+    on the top layers only. Their output for a given prefix never changes while the model trains."""
+    if model.get_input_embeddings().weight.requires_grad:
+        return 0
+    n = 0
+    for block in decoder_layers(model):
+        if any(p.requires_grad for p in block.parameters()):
+            break
+        n += 1
+    return n
+
+
+@contextlib.contextmanager
+def layer_range(decoder: Any, start: int, stop: int, final_norm: bool = True):
+    """Run ``decoder`` (the model's body: ``get_decoder()``) as if it had only layers ``[start, stop)``
+    (and, without ``final_norm``, no closing norm): its forward then maps the hidden states entering
+    layer ``start`` (given as ``inputs_embeds``) to those leaving layer ``stop - 1``. The layers' cache
+    indices are renumbered from 0 meanwhile, so a key/value cache built in the range holds its layers
+    at 0.. (``inference.prefix_cache.BottomCache`` puts a frozen bottom's cache below them)."""
+    import torch
+
+    layers, norm = decoder.layers, decoder.norm
+    kept = list(layers)[start:stop]
+    idx = [getattr(block.self_attn, "layer_idx", None) for block in kept]
+    try:
+        decoder.layers = torch.nn.ModuleList(kept)
+        if not final_norm:
+            decoder.norm = torch.nn.Identity()
+        for i, block in enumerate(kept):
+            if idx[i] is not None:
+                block.self_attn.layer_idx = i
+        yield decoder
+    finally:
+        decoder.layers, decoder.norm = layers, norm
+        for i, block in enumerate(kept):
+            if idx[i] is not None:
+                block.self_attn.layer_idx = idx[i]

@@ -94,3 +94,68 @@ def test_the_cache_keeps_the_longest_prefix_and_stays_under_its_bytes():
     off = PrefixCache(max_bytes=0)
     off.put([1, 2], kv(2))
     assert not off.entries
+
+
+def _lora_policy(model_dir, dtype):
+    """The tiny model with a LoRA on its top layer only (its bottom layer frozen), the adapter moved off zero."""
+    from ludic.training.lora import LoraSettings, load_policy
+
+    model, tok = load_policy(str(model_dir), lora=LoraSettings(rank=4, top_layers=1), dtype=dtype, seed=0)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.2)
+    return model, tok
+
+
+@pytest.mark.parametrize("dtype,static,tol", [("float32", True, 1e-5), ("float32", False, 1e-5),
+                                              ("bfloat16", True, 2e-2)])
+def test_prompts_met_again_after_trainer_steps_prefill_only_the_trained_layers(tiny_model_dir, dtype, static, tol):
+    """``BottomCache``: each prompt's frozen bottom is computed once and stays valid across trainer steps (the
+    adapter above it moves); the engine samples what a full prefill samples, before and after a step."""
+    from ludic.architectures import frozen_bottom_layers
+
+    model, tok = _lora_policy(tiny_model_dir, dtype)
+    assert frozen_bottom_layers(model) == 1
+    on = TransformersEngine(model, tok, static_decode=static)
+    off = TransformersEngine(model, tok, static_decode=static, bottom_cache_bytes=0)
+    prompts = _turn1() + [_turn1()[0]] * 2  # a group: one prompt sampled three times
+    distinct = len(_turn1())
+
+    def same(params):
+        got, want = on.generate(prompts, params), off.generate(prompts, params)
+        for g, w in zip(got, want):
+            assert g.trace.completion_ids == w.trace.completion_ids
+            assert max(abs(x - y) for x, y in zip(g.trace.logprobs, w.trace.logprobs)) < tol
+
+    greedy = [SamplingParams(temperature=0.0, max_tokens=6)] * len(prompts)
+    sampled = [SamplingParams(temperature=1.0, max_tokens=6, seed=i) for i in range(len(prompts))]
+    same(greedy)
+    assert on.bottom_cache.stats == {"hits": 0, "misses": distinct, "evicted": 0} and on.bottom_cache.layers == 1
+    assert not off.bottom_cache.entries
+    with torch.no_grad():  # a trainer step: the adapter moves, the bottom does not
+        for n, p in model.named_parameters():
+            if "lora_" in n:
+                p.add_(0.1)
+        mark_trained(model)
+    same(sampled)
+    same(greedy)
+    assert on.bottom_cache.stats["hits"] == 2 * distinct and on.bottom_cache.stats["misses"] == distinct
+    on.weights_changed()  # a full-weight load may move the bottom too
+    assert not on.bottom_cache.entries
+    same(greedy)
+    assert len(on.bottom_cache.entries) == distinct
+    on.model = off.model = _lora_policy(tiny_model_dir, dtype)[0]  # another model (the recipe's SFT -> LoRA swap)
+    assert on._bottom_layers() == 1 and not on.bottom_cache.entries
+    same(greedy)
+
+
+def test_a_model_that_trains_nothing_prefills_every_layer(tiny_model_dir):
+    tok = load_tokenizer(str(tiny_model_dir))
+    model = load_model(str(tiny_model_dir), dtype="float32")
+    engine = TransformersEngine(model, tok)
+    assert engine._bottom_layers() == 0  # every weight trainable: nothing is frozen
+    model.requires_grad_(False)
+    assert engine._bottom_layers() == 0  # nothing trains: the prefix cache's case, not this one
+    engine.generate([_turn1()[0]], [SamplingParams(temperature=0.0, max_tokens=2)])
+    assert not engine.bottom_cache.entries

@@ -163,3 +163,44 @@ def test_frozen_bottom_cache_under_a_top_layer_adapter_trains_like_the_plain_for
     assert plain and all("lora_" in n for n in plain)
     for n, p in plain.items():
         torch.testing.assert_close(cached[n], p, rtol=1e-4, atol=1e-4)
+
+
+def _grouped_items(tok, prompts=4, replies=3):
+    """GRPO-shaped SFT items: each of ``prompts`` questions with ``replies`` different answers (the rewards-only
+    recipe's batches: a position's group of samples)."""
+    words = ["yes", "no", "maybe", "never", "always", "often", "rarely", "soon", "later", "now", "then", "here"]
+    return [sft_item({"messages": [{"role": "system", "content": "Answer with one word, as asked."},
+                                   {"role": "user", "content": f"Say {words[q]} or not."}],
+                      "completion": words[(q + 1 + r) % len(words)] + " " * r}, tok)
+            for q in range(prompts) for r in range(replies)]
+
+
+def test_a_per_prompt_bottom_cache_trains_like_the_plain_forward(four_layer_dir):
+    """RL's case: prompts met again with new replies. A LoRA on the top 2 of 4 layers; with
+    ``cache_frozen_bottom="prompt"`` each distinct prompt's bottom (keys, values, output) is computed once and
+    every step runs the bottom over the replies only: the losses and the adapter end where plain training puts
+    them, and the first pass over the data misses once per prompt, not per item."""
+    from ludic.training.lora import LoraSettings, apply_lora
+
+    ends = []
+    for cache in ("off", "prompt"):
+        model, tok = load_policy(four_layer_dir, dtype="float32", seed=0)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        model = apply_lora(model, LoraSettings(rank=4, alpha=8.0, top_layers=2))
+        items = _grouped_items(tok)
+        assert len({tuple(it.prompt_ids) for it in items}) == 4 and len({tuple(it.completion_ids) for it in items}) > 4
+        trainer = Trainer(model, make_sft(), OfflineBatchSource(items, 6, seed=0),
+                          TrainerConfig(lr=1e-2, cache_frozen_bottom=cache), pad_token_id=tok.pad_token_id)
+        losses = [asyncio.run(trainer.train_step())["loss"] for _ in range(6)]
+        ends.append((losses, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad},
+                     trainer.bottom_cache))
+    (plain_losses, plain, none), (losses, cached, bottom) = ends
+    assert none is None and bottom.prompts is not None
+    st = bottom.stats()
+    assert st["items"] == 4 and st["misses"] == 4 and st["hits"] > 0  # one bottom pass per distinct prompt
+    torch.testing.assert_close(losses, plain_losses, rtol=1e-4, atol=1e-5)
+    for n, p in plain.items():
+        torch.testing.assert_close(cached[n], p, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="off, item or prompt"):
+        TrainerConfig(cache_frozen_bottom="prompts")

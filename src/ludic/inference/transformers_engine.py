@@ -47,9 +47,10 @@ from ludic.tokenization import MIN_SHARED_PREFIX, common_prefix_len, render_ids
 from ludic.inference.client import ChatRequest, ChatResponse, SamplingParams
 from ludic import fastpath
 from ludic.inference.decode import StaticDecoder, cast_adapter_view, repack
-from ludic.architectures import llama_like
+from ludic.architectures import decoder_body, decoder_layers, frozen_bottom_layers, llama_like
 from ludic.inference.models import weights_step
-from ludic.inference.prefix_cache import PrefixCache, assemble, extract
+from ludic.inference.prefix_cache import (BottomCache, PrefixCache, assemble, extract, last_index as _last,
+                                          prefill_over_bottom)
 from ludic.inference.sampling import generator, sample
 from ludic.types import FinishReason, TokenTrace
 
@@ -91,6 +92,12 @@ class TransformersEngine:
         prefix_cache_bytes: most bytes of earlier prompts' keys and values kept (``inference.prefix_cache``), so
             a dialog's next turn prefills only its new tokens; emptied when the weights move (0: off). Llama-family
             models without a sliding window only (``architectures.llama_like``); others prefill every turn.
+        bottom_cache_bytes: most bytes of prompts' frozen bottoms kept (``prefix_cache.BottomCache``: the keys,
+            values and output of the decoder layers below the lowest trained one), so a prompt met again after
+            trainer steps prefills only the layers above (0: off). Valid across trainer steps, emptied by
+            ``weights_changed``; Llama-family models with the fast path on only. With a LoRA on SmolLM2's top 15 of
+            30 layers, the rewards-only tic-tac-toe recipe's batches prefill half the layers (``benchmarks/
+            bench_bottom_cache.py``).
     """
 
     def __init__(
@@ -105,9 +112,11 @@ class TransformersEngine:
         threaded: bool = False,
         static_decode: bool = True,
         prefix_cache_bytes: int = 2 << 30,
+        bottom_cache_bytes: int = 1 << 30,
     ) -> None:
         self.model = model
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
+        self.bottom_cache = BottomCache(bottom_cache_bytes)
         self.static_decode = static_decode
         self._static: tuple[Any, StaticDecoder | None] | None = None  # (decode module, its decoder)
         self.cast_adapters = cast_adapters
@@ -219,6 +228,7 @@ class TransformersEngine:
         self._synced = None
         self._static = None
         self.prefix_cache.clear()
+        self.bottom_cache.clear()
 
     # -- batched generation -------------------------------------------------
     def generate(self, prompts: list[list[int]], sampling: list[SamplingParams]) -> list[ChatResponse]:
@@ -288,6 +298,36 @@ class TransformersEngine:
             self._static = (model, StaticDecoder.build(model))
         return self._static[1]
 
+    def _bottom_layers(self) -> int:
+        """How many frozen bottom layers the prefill reads from ``bottom_cache`` (0: off): those of the model
+        (``architectures.frozen_bottom_layers``) when a layer above them trains; a model that trains nothing
+        prefills as it always did."""
+        if not self.bottom_cache.max_bytes or not fastpath.enabled(self.device) or not llama_like(self.model):
+            return 0
+        layers = frozen_bottom_layers(self.model)
+        layers = layers if layers < len(decoder_layers(self.model)) else 0
+        self.bottom_cache.sync(layers, self.model)
+        return layers
+
+    def _layout(self, model: Any, unique: list[list[int]], L: int) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """A fresh prefill's inputs: the cache of the ``L`` tokens every prompt starts with, computed once
+        and repeated per prompt (None when L is 0), each prompt's rest left-padded [U, T], the mask [U, L + T]."""
+        U, dev = len(unique), self.device
+        past = None
+        if L:
+            prefix = torch.tensor([unique[0][:L]], dtype=torch.long, device=dev)
+            past = model(input_ids=prefix, use_cache=True, logits_to_keep=_last(L, dev)).past_key_values
+            past.batch_repeat_interleave(U)
+        tails = [p[L:] for p in unique]
+        T = max(len(p) for p in tails)
+        input_ids = torch.full((U, T), self.pad_id, dtype=torch.long, device=dev)
+        attn = torch.zeros((U, L + T), dtype=torch.long, device=dev)
+        attn[:, :L] = 1
+        for i, p in enumerate(tails):
+            input_ids[i, T - len(p):] = torch.tensor(p, dtype=torch.long)
+            attn[i, L + T - len(p):] = 1
+        return past, input_ids, attn
+
     def _generate(self, model: Any, prompts: list[list[int]], sampling: list[SamplingParams]
                   ) -> Iterator[list[tuple[int, ChatResponse]]]:
         """The batch's decode steps (``generate_steps``): after each, the rows that finished at it."""
@@ -309,25 +349,24 @@ class TransformersEngine:
         reuse = bool(self.prefix_cache.max_bytes) and llama_like(self.model)  # one full-length cache per layer
         self.prefix_cache.sync((self.policy_version, weights_step(self.model)))
         cached = [self.prefix_cache.longest(p) if reuse else (0, None) for p in unique]  # the dialogs' earlier turns
-        if any(n for n, _ in cached):
+        resumed = any(n for n, _ in cached)
+        if resumed:
             past, input_ids, attn, L = assemble(cached, [p[n:] for p, (n, _) in zip(unique, cached)], self.pad_id, dev)
-            T = input_ids.shape[1]
         else:  # a prefix shared by every prompt (the system prompt) once, then left padding before each tail
             L = common_prefix_len(unique)
             L = L if L >= MIN_SHARED_PREFIX else 0
-            past = None
-            if L:
-                prefix = torch.tensor([unique[0][:L]], dtype=torch.long, device=dev)
-                past = model(input_ids=prefix, use_cache=True, logits_to_keep=_last(L, dev)).past_key_values
-                past.batch_repeat_interleave(U)
-            tails = [p[L:] for p in unique]
-            T = max(len(p) for p in tails)
-            input_ids = torch.full((U, T), self.pad_id, dtype=torch.long, device=dev)
-            attn = torch.zeros((U, L + T), dtype=torch.long, device=dev)
-            attn[:, :L] = 1
-            for i, p in enumerate(tails):
-                input_ids[i, T - len(p):] = torch.tensor(p, dtype=torch.long)
-                attn[i, L + T - len(p):] = 1
+        bottom = 0 if resumed else self._bottom_layers()
+        if bottom:  # each prompt's frozen bottom from the cache (computed once): only the trained layers run
+            out, past, attn = prefill_over_bottom(model, bottom, self.bottom_cache.lookup(decoder_body(model), unique, dev),
+                                                  unique, L)
+        else:
+            if not resumed:
+                past, input_ids, attn = self._layout(model, unique, L)
+            out = model(
+                input_ids=input_ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)[:, L:],
+                past_key_values=past, use_cache=True, logits_to_keep=_last(input_ids.shape[1], dev),
+            )
+            past = out.past_key_values
         positions = (attn.cumsum(-1) - 1).clamp(min=0)[:, L:]
 
         temps = torch.tensor([s.temperature for s in sampling], device=dev, dtype=torch.float32)
@@ -336,11 +375,6 @@ class TransformersEngine:
         max_new = [s.max_tokens for s in sampling]
         gens = [generator(s.seed) for s in sampling]
 
-        out = model(
-            input_ids=input_ids, attention_mask=attn, position_ids=positions,
-            past_key_values=past, use_cache=True, logits_to_keep=_last(T, dev),
-        )
-        past = out.past_key_values
         if reuse:
             for p, kv in zip(unique, extract(past, attn)):
                 self.prefix_cache.put(p, kv)
@@ -415,15 +449,6 @@ def _resolve(future: asyncio.Future, response: ChatResponse) -> None:
     """Hand a finished row's response to its request (unless the request was already answered or cancelled)."""
     if not future.done():
         future.set_result(response)
-
-
-def _last(n: int, device: Any = None) -> torch.Tensor:
-    """``logits_to_keep`` for the last of ``n`` positions, as an index: transformers then gathers a
-    contiguous [B, 1, H] hidden state. With ``logits_to_keep=1`` it slices a strided view, and on a
-    peft-wrapped bf16 model torch's linear on that view expanded the LM head's weight once per row
-    into a batched matmul: 553 ms instead of 2.6 ms for 16 rows of SmolLM2's 49152 x 576 head, at
-    every prefill."""
-    return torch.tensor([n - 1], device=device)
 
 
 def _stop_token_ids(model: Any, tokenizer: Any) -> set[int]:

@@ -47,10 +47,12 @@ class TrainerConfig:
     """Dr.GRPO constant normaliser L (default: the most trained tokens of an item in the batch)."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward (less memory, ~30% more compute)."""
-    cache_frozen_bottom: bool = False
-    """Offline data seen for many epochs with the bottom layers frozen (``freeze_bottom``): compute
-    their output once per distinct item and run only the trainable top each step (exact; memory
-    about items x tokens x hidden size x 4 bytes, capped at 1 GiB)."""
+    cache_frozen_bottom: str = "off"
+    """With the bottom layers frozen (``freeze_bottom``, or a LoRA on the top layers only), compute their output
+    once and run only the trainable top on later visits (``training.frozen_cache``; exact up to float rounding,
+    capped at 1 GiB): ``item`` per distinct item (offline data seen for many epochs; True means this), ``prompt``
+    per distinct prompt (RL revisiting prompts with new replies: the bottom then runs over the replies only),
+    ``off`` (False)."""
     max_lag: int | None = None
     """Drop items sampled more than this many policy versions ago (async pipelines)."""
     publish_every: int = 1
@@ -107,6 +109,10 @@ class TrainerConfig:
     """PPO inner loop: optimizer steps per pass (the batch is shuffled and split)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.cache_frozen_bottom, bool):
+            self.cache_frozen_bottom = "item" if self.cache_frozen_bottom else "off"
+        if self.cache_frozen_bottom not in ("off", "item", "prompt"):
+            raise ValueError(f"cache_frozen_bottom must be off, item or prompt, got {self.cache_frozen_bottom!r}")
         if not 0.0 <= self.lr_floor < 1.0:
             raise ValueError(f"lr_floor must be in [0, 1) (a fraction of lr), got {self.lr_floor}")
         if not 0.0 < self.full_step_signal <= 1.0:

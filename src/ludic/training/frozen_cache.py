@@ -1,44 +1,23 @@
-"""The frozen-bottom cache: SFT on a fixed set with the bottom layers frozen (``freeze_bottom``) computes
-those layers' output once per distinct item and reuses it on every later visit (``FrozenBottomCache``).
-``training.scoring`` reads it through ``score_actions(..., bottom=cache)``.
+"""The frozen-bottom cache: training with the bottom layers frozen (``freeze_bottom``, or a LoRA on the top layers
+only) computes those layers' output once and reuses it on every later visit (``FrozenBottomCache``): per distinct
+item for SFT on a fixed set (``per="item"``), per distinct prompt for RL that samples new replies to prompts it
+met before (``per="prompt"``: a fixed set of positions, questions asked again). ``training.scoring`` reads it
+through ``score_actions(..., bottom=cache)``.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Sequence
 
 import torch
 from torch import Tensor
 
+from ludic.architectures import layer_range
+from ludic.inference.prefix_cache import BottomCache, assemble
 from ludic.training.microbatch import MicroBatch, collate
 from ludic.training.packed import packed_states
 from ludic.training.scoring import _decoder_and_head, _hidden_states
 from ludic.types import SAWItem
-
-
-@contextlib.contextmanager
-def _layer_range(decoder: Any, start: int, stop: int, final_norm: bool = True):
-    """Run ``decoder`` as if it had only layers ``[start, stop)`` (and, without ``final_norm``,
-    no closing norm): its forward then maps the hidden states entering layer ``start`` (given as
-    ``inputs_embeds``) to those leaving layer ``stop - 1``. The layers' cache indices are
-    renumbered from 0 meanwhile, so a key/value cache stays consistent."""
-    layers, norm = decoder.layers, decoder.norm
-    kept = list(layers)[start:stop]
-    idx = [getattr(block.self_attn, "layer_idx", None) for block in kept]
-    try:
-        decoder.layers = torch.nn.ModuleList(kept)
-        if not final_norm:
-            decoder.norm = torch.nn.Identity()
-        for i, block in enumerate(kept):
-            if idx[i] is not None:
-                block.self_attn.layer_idx = i
-        yield decoder
-    finally:
-        decoder.layers, decoder.norm = layers, norm
-        for i, block in enumerate(kept):
-            if idx[i] is not None:
-                block.self_attn.layer_idx = idx[i]
 
 
 class FrozenBottomCache:
@@ -52,10 +31,17 @@ class FrozenBottomCache:
     against it (a model whose forward treats ``inputs_embeds`` differently, e.g. one that
     scales them, fails loudly there). Past ``max_bytes`` of stored states the cache stops
     growing (new items are then computed each time).
+
+    With ``per="prompt"`` the cache holds each distinct prompt's bottom instead (its layers' keys and values and
+    the hidden states leaving it: ``inference.prefix_cache.BottomCache``, least recently used out past
+    ``max_bytes``), and each step runs the bottom over the completions only, attending to their prompt's cached
+    keys: RL's replies are new at every step, its prompts are not. In the rewards-only tic-tac-toe recipe
+    (prompts of ~72 tokens, replies of 3) the bottom then sees about a twentieth of the tokens it did.
     """
 
-    def __init__(self, model: Any, layers: int, max_bytes: int = 1 << 30, rtol: float = 1e-3) -> None:
-        from ludic.training.lora import decoder_layers
+    def __init__(self, model: Any, layers: int, max_bytes: int = 1 << 30, rtol: float = 1e-3,
+                 per: str = "item") -> None:
+        from ludic.architectures import decoder_layers
 
         blocks = decoder_layers(model)
         if not 0 < layers < len(blocks):
@@ -66,13 +52,32 @@ class FrozenBottomCache:
                 f"FrozenBottomCache: the embeddings and the bottom {layers} layers must be frozen, but "
                 f"{trainable[:3] or ['the input embeddings']} train (use freeze_bottom first)"
             )
+        if per not in ("item", "prompt"):
+            raise ValueError(f"FrozenBottomCache: per must be 'item' or 'prompt', got {per!r}")
         self.layers, self.max_bytes, self.rtol = layers, max_bytes, rtol
         self.bytes, self.hits, self.misses = 0, 0, 0
         self._states: dict[tuple[int, ...], Tensor] = {}
+        self.prompts: BottomCache | None = None
+        if per == "prompt":
+            self.prompts = BottomCache(max_bytes)
+            self.prompts.sync(layers, model)
         self._checked = False
 
+    @classmethod
+    def of(cls, model: Any, mode: str) -> "FrozenBottomCache | None":
+        """The cache ``TrainerConfig.cache_frozen_bottom`` asks for (``off``: None) over ``model``'s frozen
+        bottom (``architectures.frozen_bottom_layers``)."""
+        from ludic.architectures import frozen_bottom_layers
+
+        return None if mode == "off" else cls(model, frozen_bottom_layers(model), per=mode)
+
     def stats(self) -> dict[str, float]:
-        """Distinct items stored, lookups that found their item (``hits``) or computed it (``misses``), MiB held."""
+        """Distinct items (or prompts) stored, lookups that found theirs (``hits``) or computed it (``misses``),
+        MiB held."""
+        if self.prompts is not None:
+            st = self.prompts.stats
+            return {"items": float(len(self.prompts.entries)), "hits": float(st["hits"]),
+                    "misses": float(st["misses"]), "mib": self.prompts.bytes / 2**20}
         return {"items": float(len(self._states)), "hits": float(self.hits), "misses": float(self.misses),
                 "mib": self.bytes / 2**20}
 
@@ -86,12 +91,14 @@ class FrozenBottomCache:
 
     def inputs(self, decoder: Any, mb: MicroBatch) -> Tensor:
         """[B, T, H] hidden states entering layer ``layers`` (zeros at padding)."""
+        if self.prompts is not None:
+            return self._prompt_inputs(decoder, mb)
         keys = [tuple(it.prompt_ids) + tuple(it.completion_ids) for it in mb.items]
         fresh: dict[int, Tensor] = {}
         missing = [b for b, k in enumerate(keys) if k not in self._states]
         if missing:
             rows = torch.tensor(missing, device=mb.input_ids.device)
-            with torch.no_grad(), _layer_range(decoder, 0, self.layers, final_norm=False):
+            with torch.no_grad(), layer_range(decoder, 0, self.layers, final_norm=False):
                 out = decoder(input_ids=mb.input_ids[rows], attention_mask=mb.attention_mask[rows]).last_hidden_state
             for j, b in enumerate(missing):
                 state = out[j, : len(keys[b])].clone()
@@ -109,10 +116,34 @@ class FrozenBottomCache:
             x[b, : state.shape[0]] = state
         return x
 
+    def _prompt_inputs(self, decoder: Any, mb: MicroBatch) -> Tensor:
+        """``inputs`` from the prompts' cached bottoms: each row's prompt part read, its completion run through
+        the bottom layers over the prompt's cached keys and values (one left-padded batch)."""
+        prompts = [list(it.prompt_ids) for it in mb.items]
+        distinct = list({tuple(p): None for p in prompts})
+        assert self.prompts is not None
+        found = dict(zip(distinct, self.prompts.lookup(decoder, [list(p) for p in distinct], mb.input_ids.device)))
+        bottoms = [found[tuple(p)] for p in prompts]
+        B, T = mb.input_ids.shape
+        x = bottoms[0][1].new_zeros(B, T, bottoms[0][1].shape[-1])
+        for b, (_, hidden) in enumerate(bottoms):
+            x[b, : hidden.shape[0]] = hidden
+        tails = [list(it.completion_ids) for it in mb.items]
+        if any(tails):
+            past, ids, attn, C = assemble([(len(p), kv) for p, (kv, _) in zip(prompts, bottoms)], tails, 0,
+                                          mb.input_ids.device)
+            with torch.no_grad(), layer_range(decoder, 0, self.layers, final_norm=False):
+                h = decoder(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)[:, C:],
+                            past_key_values=past, use_cache=True).last_hidden_state
+            R = ids.shape[1]
+            for b, (p, t) in enumerate(zip(prompts, tails)):
+                x[b, len(p) : len(p) + len(t)] = h[b, R - len(t):]
+        return x
+
     def hidden_states(self, decoder: Any, mb: MicroBatch, prefix: int) -> Tensor:
         """What ``_hidden_states(decoder, mb, prefix)`` returns, with the bottom read from the cache."""
         x = self.inputs(decoder, mb)
-        with _layer_range(decoder, self.layers, len(decoder.layers)):
+        with layer_range(decoder, self.layers, len(decoder.layers)):
             hidden = _hidden_states(decoder, mb, prefix, embeds=x)
         mask = mb.attention_mask.bool()
         self._check(decoder, mb, lambda plain: (hidden.detach()[mask], plain[mask]))

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ludic import fastpath
+from ludic.architectures import decoder_layers, frozen_bottom_layers  # noqa: F401  (also imported from here)
 from ludic.inference.decode import plain_lora
 from ludic.inference.models import LOAD_LOCK, load_model, load_tokenizer
 
@@ -27,19 +28,6 @@ class LoraSettings:
     lowest adapted layer: with half the layers, a training step costs about a third less."""
 
 
-def decoder_layers(model: Any) -> Any:
-    """The ModuleList of transformer blocks of an HF causal LM (peft-wrapped or not)."""
-    from ludic.inference.models import is_peft, unwrap
-
-    base = unwrap(model)
-    base = base.get_base_model() if is_peft(base) else base
-    decoder = base.get_decoder() if hasattr(base, "get_decoder") else getattr(base, "model", None)
-    layers = getattr(decoder, "layers", None)
-    if layers is None:
-        raise ValueError(f"cannot find the decoder layers of {type(base).__name__}: expected .get_decoder().layers")
-    return layers
-
-
 def freeze_bottom(model: Any, layers: int) -> int:
     """Freeze the input embeddings (and so a tied LM head) and the bottom ``layers`` decoder
     layers: autograd then never goes below the lowest trainable layer, so a step skips their
@@ -53,19 +41,6 @@ def freeze_bottom(model: Any, layers: int) -> int:
             for p in block.parameters():
                 p.requires_grad_(False)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def frozen_bottom_layers(model: Any) -> int:
-    """How many decoder layers from the bottom have no trainable parameter (0 when the input
-    embeddings train): the part of the model ``freeze_bottom`` froze."""
-    if model.get_input_embeddings().weight.requires_grad:
-        return 0
-    n = 0
-    for block in decoder_layers(model):
-        if any(p.requires_grad for p in block.parameters()):
-            break
-        n += 1
-    return n
 
 
 def apply_lora(model: Any, lora: LoraSettings) -> Any:

@@ -37,7 +37,7 @@ class MicroBatchMemory:
     a time (recomputed in backward)."""
 
     def __init__(self, model: Any, checkpointing: bool = False) -> None:
-        from ludic.training.lora import frozen_bottom_layers
+        from ludic.architectures import frozen_bottom_layers
 
         cfg = _config(model)
         dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())

@@ -42,7 +42,6 @@ from ludic.training.config import TrainerConfig
 from ludic.training.data_parallel import (all_reduce_grads, global_totals, idle_forward_backward, sum_over_ranks,
                                           token_means_over_ranks)
 from ludic.training.losses import refuse_truncated_sampling
-from ludic.training.lora import frozen_bottom_layers
 from ludic.training.memory import micro_batch_budget
 from ludic.training.objective import SUMMED_STATS, Objective, policy_gradient_objective
 from ludic.tokenization import pad_token_id_for
@@ -140,8 +139,8 @@ class Trainer:
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("Trainer: the model has no trainable parameters")
-        self.bottom_cache = FrozenBottomCache(model, frozen_bottom_layers(model)) if self.cfg.cache_frozen_bottom else None
-        """Outputs of the frozen bottom layers per item (``TrainerConfig.cache_frozen_bottom``)."""
+        self.bottom_cache = FrozenBottomCache.of(model, self.cfg.cache_frozen_bottom)
+        """Outputs of the frozen bottom layers per item or prompt (``TrainerConfig.cache_frozen_bottom``)."""
         self.masters = MasterWeights(params, enabled=self.cfg.master_weights, loss_scaling=needs_loss_scaling(model))
         """fp32 master weights of the low-precision trainable parameters (``training.precision``)."""
         self.optimizer = make_optimizer(self.masters.params, self.cfg)
