@@ -204,3 +204,45 @@ def test_a_per_prompt_bottom_cache_trains_like_the_plain_forward(four_layer_dir)
         torch.testing.assert_close(cached[n], p, rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="off, item or prompt"):
         TrainerConfig(cache_frozen_bottom="prompts")
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_a_per_prompt_bottom_scores_like_the_plain_forward_in_both_layouts(four_layer_dir, packed):
+    """The packed layout runs the replies through the bottom over flat tokens (``packed._replies_through_bottom``,
+    prompts of different lengths, groups of different sizes), the padded one through the model's forward over a
+    cache of the prompts' keys: both give the plain forward's log-probs and LoRA gradients."""
+    from ludic.training import packed as packed_module
+    from ludic.training.frozen_cache import FrozenBottomCache
+    from ludic.training.lora import LoraSettings, apply_lora
+    from ludic.training.microbatch import collate
+    from ludic.training.scoring import score_actions
+
+    model, tok = load_policy(four_layer_dir, dtype="float32", seed=0)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model = apply_lora(model, LoraSettings(rank=4, alpha=8.0, top_layers=2))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    items = _grouped_items(tok, prompts=3, replies=3)[:-1] + _chat_items(tok, 2)  # a group of 2, two of 1
+    mb = collate(items, tok.pad_token_id)
+    cache = FrozenBottomCache(model, 2, per="prompt")
+    calls = []
+    real = packed_module._replies_through_bottom
+    packed_module._replies_through_bottom = lambda *a: calls.append(1) or real(*a)
+    try:
+        got = []
+        for bottom in (None, cache, cache):  # the second pass reads every prompt from the cache
+            model.zero_grad(set_to_none=True)
+            logp, _ = score_actions(model, mb, bottom=bottom, packed=packed)
+            logp.sum().backward()
+            got.append((logp.detach(), [p.grad.clone() for p in model.parameters() if p.requires_grad]))
+    finally:
+        packed_module._replies_through_bottom = real
+    assert len(calls) == (2 if packed else 0)
+    assert cache.stats()["misses"] == 5 and cache.stats()["hits"] == 5
+    for logp, grads in got[1:]:
+        torch.testing.assert_close(logp, got[0][0], rtol=1e-4, atol=1e-5)
+        for g, want in zip(grads, got[0][1]):
+            torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-5)

@@ -36,8 +36,9 @@ from ludic.architectures import decoder_body, layer_range
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 """One prompt's cache: per layer (keys, values), each [kv heads, n, head dim]."""
 
-Bottom = tuple[KV, torch.Tensor]
-"""One prompt's frozen bottom: its layers' keys and values (``KV``) and the hidden states leaving it, [n, hidden]."""
+Bottom = tuple[torch.Tensor, torch.Tensor]
+"""One prompt's frozen bottom: its layers' keys and values, [layers, 2 (keys, values), kv heads, n, head dim], and
+the hidden states leaving it, [n, hidden]."""
 
 
 class PrefixCache:
@@ -195,8 +196,7 @@ class BottomCache:
         return out  # type: ignore[return-value]
 
     def _put(self, prompt: list[int], bottom: Bottom) -> None:
-        kv, hidden = bottom
-        size = hidden.numel() * hidden.element_size() + sum(k.numel() * k.element_size() * 2 for k, _ in kv)
+        size = sum(t.numel() * t.element_size() for t in bottom)
         if size > self.max_bytes or tuple(prompt) in self.entries:
             return
         self.entries[tuple(prompt)] = (bottom, size)
@@ -230,8 +230,11 @@ def bottom_pass(decoder: Any, layers: int, prompts: list[list[int]], device: Any
     with torch.no_grad(), layer_range(decoder, 0, layers, final_norm=False):
         out = decoder(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
                       past_key_values=DynamicCache(), use_cache=True)
-    kv = extract(out.past_key_values, attn)
-    return [(kv[u], out.last_hidden_state[u, T - len(p):].clone()) for u, p in enumerate(prompts)]
+    from ludic.inference.decode import layer_kv
+
+    kv = torch.stack([torch.stack(layer_kv(out.past_key_values, i)) for i in range(layers)])  # [L, 2, U, kv, T, D]
+    return [(kv[:, :, u, :, T - len(p):].clone(), out.last_hidden_state[u, T - len(p):].clone())
+            for u, p in enumerate(prompts)]
 
 
 def prefill_over_bottom(model: Any, layers: int, bottoms: list[Bottom], prompts: list[list[int]], common: int
@@ -255,16 +258,14 @@ def prefill_over_bottom(model: Any, layers: int, bottoms: list[Bottom], prompts:
     for u, ((_, hidden), n) in enumerate(zip(bottoms, rests)):
         attn[u, common + T - n:] = 1
         x[u, T - n:] = hidden[common:]
+    kv0 = bottoms[0][0]
+    kv = kv0.new_zeros(layers, 2, U, kv0.shape[2], common + T, kv0.shape[4])
+    for u, ((entry, _), n) in enumerate(zip(bottoms, rests)):
+        kv[:, :, u, :, :common] = entry[..., :common, :]
+        kv[:, :, u, :, common + T - n:] = entry[..., common:, :]
     past = DynamicCache()
     for i in range(layers):
-        k0 = bottoms[0][0][i][0]
-        keys = k0.new_zeros(U, k0.shape[0], common + T, k0.shape[2])
-        values = torch.zeros_like(keys)
-        for u, ((kv, _), n) in enumerate(zip(bottoms, rests)):
-            k, v = kv[i]
-            keys[u, :, :common], values[u, :, :common] = k[:, :common], v[:, :common]
-            keys[u, :, common + T - n:], values[u, :, common + T - n:] = k[:, common:], v[:, common:]
-        past.update(keys, values, i)
+        past.update(kv[i, 0], kv[i, 1], i)
     top = DynamicCache()
     with layer_range(decoder, layers, len(decoder.layers)):
         if common:

@@ -269,7 +269,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
     from ludic.training.loggers import make_logger
-    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, freeze_bottom
+    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, freeze_bottom, frozen_bottom_layers
     from ludic.training.trainer import Trainer
 
     check_config(cfg)
@@ -374,6 +374,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     engine.model = model
     rl_dir = run_dir / "rl"
     rl_cfg = rl_config(cfg)
+    if frozen_bottom_layers(model):  # RL revisits its prompts: their frozen bottom is computed once, in both passes
+        rl_cfg.trainer.cache_frozen_bottom = "prompt"
     rl_logger = make_logger(cfg.logger, rl_dir, asdict(rl_cfg), total_steps=None)
     if cfg.reward == "outcome":  # whole games, their results only
         from ludic.tictactoe.game_rl import GameGRPO

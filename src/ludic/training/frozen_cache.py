@@ -130,8 +130,8 @@ class FrozenBottomCache:
             x[b, : hidden.shape[0]] = hidden
         tails = [list(it.completion_ids) for it in mb.items]
         if any(tails):
-            past, ids, attn, C = assemble([(len(p), kv) for p, (kv, _) in zip(prompts, bottoms)], tails, 0,
-                                          mb.input_ids.device)
+            per_layer = [(len(p), [(kv[i, 0], kv[i, 1]) for i in range(self.layers)]) for p, (kv, _) in zip(prompts, bottoms)]
+            past, ids, attn, C = assemble(per_layer, tails, 0, mb.input_ids.device)
             with torch.no_grad(), layer_range(decoder, 0, self.layers, final_norm=False):
                 h = decoder(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)[:, C:],
                             past_key_values=past, use_cache=True).last_hidden_state
@@ -152,8 +152,13 @@ class FrozenBottomCache:
     def packed_states(self, decoder: Any, mb: MicroBatch) -> Tensor:
         """What ``packed.packed_states`` returns for ``mb`` ([N, H] at the action positions), with the
         bottom read from the cache."""
-        x = self.inputs(decoder, mb)
-        h = packed_states(decoder, mb.items, mb.rows, mb.cols, embeds=x, start=self.layers)
+        if self.prompts is not None:  # flat: the replies through the bottom over their prompts' cached keys
+            distinct = list({tuple(it.prompt_ids): None for it in mb.items})
+            found = dict(zip(distinct, self.prompts.lookup(decoder, [list(p) for p in distinct], mb.input_ids.device)))
+            bottoms = [found[tuple(it.prompt_ids)] for it in mb.items]
+            h = packed_states(decoder, mb.items, mb.rows, mb.cols, start=self.layers, bottoms=bottoms)
+        else:
+            h = packed_states(decoder, mb.items, mb.rows, mb.cols, embeds=self.inputs(decoder, mb), start=self.layers)
         self._check(decoder, mb, lambda plain: (h.detach(), plain[mb.rows, mb.cols]))
         return h
 

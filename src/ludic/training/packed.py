@@ -29,13 +29,16 @@ rounded back once. The tests check log-probs and LoRA gradients against the padd
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 from torch import Tensor
 
 from ludic.architectures import llama_like, rotary
 from ludic.types import SAWItem
+
+if TYPE_CHECKING:
+    from ludic.inference.prefix_cache import Bottom
 
 def packable(model: Any) -> bool:
     """Whether ``packed_states`` reproduces ``model``'s forward: a supported family on CPU, not
@@ -112,18 +115,22 @@ def _common(prompts: Sequence[Sequence[int]]) -> int:
 
 
 def packed_states(decoder: Any, items: Sequence[SAWItem], rows: Tensor, cols: Tensor, *,
-                  embeds: Tensor | None = None, start: int = 0) -> Tensor:
+                  embeds: Tensor | None = None, start: int = 0, bottoms: Sequence[Bottom] | None = None) -> Tensor:
     """Final hidden states [N, H] at positions ``(rows, cols)`` of ``items`` (row ``b`` is item
     ``b``'s prompt + completion, as ``microbatch.collate`` lays them out).
 
     ``embeds`` [B, T, H], when given, are the hidden states entering layer ``start`` in that padded
     layout (a frozen bottom's cached output, ``frozen_cache.FrozenBottomCache``): the pass then runs the
-    layers from ``start`` on."""
+    layers from ``start`` on. ``bottoms`` instead gives each item's prompt's frozen bottom (``start`` layers
+    deep; ``inference.prefix_cache.Bottom``): the prompts enter layer ``start`` from it, and the completions run
+    the bottom layers first, over their prompt's cached keys and values (``_replies_through_bottom``)."""
     device = rows.device
     tree = _Tree(items, device)
     cfg = decoder.config
     layers = list(decoder.layers[start : cfg.num_hidden_layers])
-    if embeds is None:
+    if bottoms is not None:
+        x = _replies_through_bottom(decoder, tree, items, bottoms, start)
+    elif embeds is None:
         ids = torch.tensor(tree.ids, dtype=torch.long, device=device)
         x = decoder.embed_tokens(ids)  # [S, H]
     else:
@@ -200,6 +207,72 @@ class _Tree:
     def unpadded(block: Tensor, lin: Tensor) -> Tensor:
         """[n, t, ...] -> the [m, ...] flat tokens at ``lin`` (``padded``'s inverse)."""
         return block.reshape(-1, *block.shape[2:]).index_select(0, lin)
+
+
+@torch.no_grad()
+def _replies_through_bottom(decoder: Any, tree: _Tree, items: Sequence[SAWItem], bottoms: Sequence[Bottom],
+                            start: int) -> Tensor:
+    """The tree layout's hidden states entering layer ``start`` [S, H]: the prompts' tokens read from their cached
+    bottoms, the completions' computed through layers ``[0, start)`` over flat tokens. Each prompt is one row of
+    the attention: its cached keys (left-aligned, [J, kv, P, D]) then its items' completions side by side, each
+    completion token seeing the prompt and its own item's earlier tokens."""
+    J, dev = tree.J, tree.src_row.device
+    first = [0] * J
+    for b in reversed(range(tree.B)):
+        first[int(tree.group[b])] = b
+    heads = [bottoms[b] for b in first]  # one bottom per group, in the tree's group order
+    P = max(h.shape[0] for _, h in heads)
+    hidden = heads[0][1].new_zeros(J, P, heads[0][1].shape[-1])
+    kv0 = heads[0][0]
+    kv = kv0.new_zeros(start, 2, J, kv0.shape[2], P, kv0.shape[4])
+    for j, (entry, h) in enumerate(heads):
+        hidden[j, : h.shape[0]] = h
+        kv[:, :, j, :, : h.shape[0]] = entry
+    n_prompt = tree.src_row.shape[0] - tree.r_lin.shape[0]
+    x_prompt = hidden[tree.group[tree.src_row[:n_prompt]], tree.src_pos[:n_prompt]]
+    r = [len(it.completion_ids) for it in items]
+    if not sum(r):
+        return x_prompt
+    # each completion's tokens in its group's row, after the earlier items' of that group
+    offset, at = [0] * J, []
+    for b in range(tree.B):
+        j = int(tree.group[b])
+        at.append(offset[j])
+        offset[j] += r[b]
+    M = max(offset)
+    lin = torch.tensor([int(tree.group[b]) * M + at[b] + t for b in range(tree.B) for t in range(r[b])],
+                       dtype=torch.long, device=dev)
+    item = torch.full((J, M), -1, dtype=torch.long, device=dev)
+    item.view(-1)[lin] = torch.tensor([b for b in range(tree.B) for _ in range(r[b])], dtype=torch.long, device=dev)
+    slot = torch.arange(M, device=dev)
+    own = (item[:, :, None] == item[:, None, :]) & (slot[None, :, None] >= slot[None, None, :])
+    own |= torch.eye(M, dtype=torch.bool, device=dev)[None]  # a padded query sees its own slot
+    plen = torch.tensor([h.shape[0] for _, h in heads], device=dev)
+    seen = (torch.arange(P, device=dev)[None, :] < plen[:, None])[:, None, :].expand(-1, M, -1)
+    mask = torch.cat([seen, own], -1)[:, None]  # [J, 1, M, P + M]
+    ids = torch.tensor([t for it in items for t in it.completion_ids], dtype=torch.long, device=dev)
+    x = decoder.embed_tokens(ids)  # [R, H]
+    pos = tree.src_pos[n_prompt:]
+    cos, sin = decoder.rotary_emb(x[None], pos[None])
+    cos, sin = cos[0], sin[0]
+    for i, layer in enumerate(decoder.layers[:start]):
+        attn = layer.self_attn
+        R, D = x.shape[0], attn.head_dim
+        h = layer.input_layernorm(x)
+        q, k, v = (proj(h).view(R, -1, D) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+        if hasattr(attn, "q_norm") and hasattr(attn, "k_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k = rotary(attn)(q, k, cos, sin, unsqueeze_dim=1)
+        qp, kp, vp = (_Tree.padded(t.float(), lin, J, M).transpose(1, 2) for t in (q, k, v))  # [J, h, M, D]
+        keys = torch.cat([kv[i, 0].float(), kp], 2)
+        values = torch.cat([kv[i, 1].float(), vp], 2)
+        o = torch.nn.functional.scaled_dot_product_attention(qp, keys, values, attn_mask=mask,
+                                                             scale=float(attn.scaling),
+                                                             enable_gqa=qp.shape[1] != keys.shape[1])
+        o = _Tree.unpadded(o.transpose(1, 2).reshape(J, M, -1), lin)
+        x = x + attn.o_proj(o.to(x.dtype))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return torch.cat([x_prompt, x])
 
 
 def _layer(layer: Any, x: Tensor, cos: Tensor, sin: Tensor, tree: _Tree) -> Tensor:
