@@ -56,7 +56,7 @@ async def run_one(precision: str, steps: int, points: int, seed: int) -> dict[st
     frozen = round(rc.sft_frozen_share * n_layers)
     freeze_bottom(model, frozen)
     tcfg = TrainerConfig(lr=rc.sft_lr, lr_schedule="cosine", micro_token_budget=rc.micro_token_budget,
-                         total_steps=steps, warmup_steps=3, cache_frozen_bottom=True, master_weights=masters)
+                         total_steps=steps, warmup_steps=3, cache_frozen_bottom="item", master_weights=masters)
     trainer = Trainer(model, make_sft(), OfflineBatchSource(items, rc.sft_batch_size, seed=seed), tcfg,
                       tokenizer=tok, pad_token_id=tok.pad_token_id)
     t0 = time.perf_counter()

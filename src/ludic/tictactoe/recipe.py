@@ -320,7 +320,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     fixed = cfg.sft_steps or math.ceil(epochs * len(items) / cfg.sft_batch_size)
     tcfg = TrainerConfig(lr=cfg.sft_lr, lr_schedule="cosine", micro_token_budget=cfg.micro_token_budget,
                          total_steps=fixed, warmup_steps=3,
-                         cache_frozen_bottom=bottom_cache_pays(frozen, fixed * cfg.sft_batch_size, len(items)))
+                         cache_frozen_bottom="item" if bottom_cache_pays(frozen, fixed * cfg.sft_batch_size, len(items))
+                         else "off")
     trainer = Trainer(model, make_sft(), source, tcfg, checkpoint_dir=None, tokenizer=tok,
                       pad_token_id=tok.pad_token_id)
     if trainer.bottom_cache is not None:  # every step then runs the trainable top only, from the first

@@ -26,8 +26,9 @@ of the replayed positions are drawn by shortfall (``PositionRLConfig.replay_prio
 samples earned less lately): O 67.9-72.7% kept against 42.3-53.8% with all uniform. The replay is the policy's
 own tree against minimax (``replay="tree"``) and samples are drawn at 0.7: in 27 minutes seeds 1 and 2 kept X
 100 / O 100% and X 100 / O 99.3%, seed 0 X 0 / O 95.8% and, on a slower hour, X 75 / O 88.5%, where the 335 alone
-at 1.0 kept O 68-83% (docs/studies.md, "A cooler sampler and the policy tree replayed", "The tree as the
-default", "A floor under the decay")."""
+at 1.0 kept O 68-83%; with the frozen bottom cached per prompt seed 1 played perfectly and seeds 0 and 2 kept O 75-77%
+(docs/studies.md, "A cooler sampler and the policy tree replayed", "The tree as the default", "A floor under the
+decay", "The frozen bottom cached per prompt")."""
 
 
 MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore", "rl_lr", "rl_lr_schedule", "group_size", "rl_replay",

@@ -29,6 +29,7 @@ rounded back once. The tests check log-probs and LoRA gradients against the padd
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
@@ -252,31 +253,29 @@ def _replies_through_bottom(decoder: Any, tree: _Tree, items: Sequence[SAWItem],
     mask = torch.cat([seen, own], -1)[:, None]  # [J, 1, M, P + M]
     ids = torch.tensor([t for it in items for t in it.completion_ids], dtype=torch.long, device=dev)
     x = decoder.embed_tokens(ids)  # [R, H]
-    pos = tree.src_pos[n_prompt:]
-    cos, sin = decoder.rotary_emb(x[None], pos[None])
-    cos, sin = cos[0], sin[0]
+    cos, sin = decoder.rotary_emb(x[None], tree.src_pos[n_prompt:][None])
     for i, layer in enumerate(decoder.layers[:start]):
-        attn = layer.self_attn
-        R, D = x.shape[0], attn.head_dim
-        h = layer.input_layernorm(x)
-        q, k, v = (proj(h).view(R, -1, D) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-        if hasattr(attn, "q_norm") and hasattr(attn, "k_norm"):
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k = rotary(attn)(q, k, cos, sin, unsqueeze_dim=1)
-        qp, kp, vp = (_Tree.padded(t.float(), lin, J, M).transpose(1, 2) for t in (q, k, v))  # [J, h, M, D]
-        keys = torch.cat([kv[i, 0].float(), kp], 2)
-        values = torch.cat([kv[i, 1].float(), vp], 2)
-        o = torch.nn.functional.scaled_dot_product_attention(qp, keys, values, attn_mask=mask,
-                                                             scale=float(attn.scaling),
-                                                             enable_gqa=qp.shape[1] != keys.shape[1])
-        o = _Tree.unpadded(o.transpose(1, 2).reshape(J, M, -1), lin)
-        x = x + attn.o_proj(o.to(x.dtype))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = _layer(layer, x, cos[0], sin[0], (J, M, lin, mask),
+                   attend=functools.partial(_reply_attention, keys=kv[i, 0], values=kv[i, 1]))
     return torch.cat([x_prompt, x])
 
 
-def _layer(layer: Any, x: Tensor, cos: Tensor, sin: Tensor, tree: _Tree) -> Tensor:
-    """One decoder layer (pre-norm attention + MLP, as the supported families wire it) on [S, H]."""
+def _reply_attention(q: Tensor, k: Tensor, v: Tensor, scaling: float, rows: tuple[int, int, Tensor, Tensor], *,
+                     keys: Tensor, values: Tensor) -> Tensor:
+    """``_replies_through_bottom``'s attention in fp32: each prompt's row holds its replies' tokens (``rows``: J
+    rows of M slots, the flat tokens' slots ``lin``, the mask [J, 1, M, P + M]) after its cached ``keys`` /
+    ``values`` [J, kv, P, D]; q [R, heads, D], k / v [R, kv, D] -> [R, heads * D]."""
+    J, M, lin, mask = rows
+    qp, kp, vp = (_Tree.padded(t.float(), lin, J, M).transpose(1, 2) for t in (q, k, v))  # [J, h, M, D]
+    o = torch.nn.functional.scaled_dot_product_attention(
+        qp, torch.cat([keys.float(), kp], 2), torch.cat([values.float(), vp], 2), attn_mask=mask, scale=scaling,
+        enable_gqa=qp.shape[1] != kp.shape[1])
+    return _Tree.unpadded(o.transpose(1, 2).reshape(J, M, -1), lin)
+
+
+def _layer(layer: Any, x: Tensor, cos: Tensor, sin: Tensor, tree: Any, attend: Any = None) -> Tensor:
+    """One decoder layer (pre-norm attention + MLP, as the supported families wire it) on [S, H]; the attention
+    is ``attend(q, k, v, scaling, tree)`` (default ``_attention`` over the tree layout)."""
     attn = layer.self_attn
     S, D = x.shape[0], attn.head_dim
     h = layer.input_layernorm(x)
@@ -286,7 +285,7 @@ def _layer(layer: Any, x: Tensor, cos: Tensor, sin: Tensor, tree: _Tree) -> Tens
     if hasattr(attn, "q_norm") and hasattr(attn, "k_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
     q, k = rotary(attn)(q, k, cos, sin, unsqueeze_dim=1)  # cos [S, D] -> [S, 1, D] over the heads
-    o = _attention(q, k, v, float(attn.scaling), tree)
+    o = (attend or _attention)(q, k, v, float(attn.scaling), tree)
     x = x + attn.o_proj(o.to(x.dtype))
     return x + layer.mlp(layer.post_attention_layernorm(x))
 
