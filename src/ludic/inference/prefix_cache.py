@@ -26,6 +26,7 @@ cached at). ``extract`` takes each row's keys and values back out of the prefill
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -164,14 +165,14 @@ class BottomCache:
         self.entries: OrderedDict[tuple[int, ...], tuple[Bottom, int]] = OrderedDict()
         self.bytes = 0
         self.layers = 0
-        self._model: Any = None  # id of the model the entries came from
+        self._model: Any = None  # a weak reference to the model the entries came from
         self.stats = {"hits": 0, "misses": 0, "evicted": 0}
 
     def sync(self, layers: int, model: Any = None) -> None:
         """The frozen layers (and the model) the next lookups use: another count, or another model, empties it."""
-        if layers != self.layers or id(model) != self._model:
+        if layers != self.layers or (self._model() if self._model is not None else None) is not model:
             self.clear()
-            self.layers, self._model = layers, id(model)
+            self.layers, self._model = layers, (weakref.ref(model) if model is not None else None)
 
     def clear(self) -> None:
         self.entries.clear()
@@ -221,6 +222,8 @@ def bottom_pass(decoder: Any, layers: int, prompts: list[list[int]], device: Any
     as the engine lays prompts out): each prompt's ``Bottom``, copied out of the batch."""
     from transformers import DynamicCache
 
+    from ludic.inference.decode import layer_kv
+
     T = max(len(p) for p in prompts)
     ids = torch.zeros((len(prompts), T), dtype=torch.long, device=device)
     attn = torch.zeros((len(prompts), T), dtype=torch.long, device=device)
@@ -230,8 +233,6 @@ def bottom_pass(decoder: Any, layers: int, prompts: list[list[int]], device: Any
     with torch.no_grad(), layer_range(decoder, 0, layers, final_norm=False):
         out = decoder(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
                       past_key_values=DynamicCache(), use_cache=True)
-    from ludic.inference.decode import layer_kv
-
     kv = torch.stack([torch.stack(layer_kv(out.past_key_values, i)) for i in range(layers)])  # [L, 2, U, kv, T, D]
     return [(kv[:, :, u, :, T - len(p):].clone(), out.last_hidden_state[u, T - len(p):].clone())
             for u, p in enumerate(prompts)]
@@ -269,7 +270,8 @@ def prefill_over_bottom(model: Any, layers: int, bottoms: list[Bottom], prompts:
     top = DynamicCache()
     with layer_range(decoder, layers, len(decoder.layers)):
         if common:
-            model(inputs_embeds=bottoms[0][1][None, :common], past_key_values=top, use_cache=True, logits_to_keep=last_index(common, dev))
+            model(inputs_embeds=bottoms[0][1][None, :common], past_key_values=top, use_cache=True,
+                  logits_to_keep=last_index(common, dev))
             top.batch_repeat_interleave(U)
         out = model(inputs_embeds=x, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0)[:, common:],
                     past_key_values=top, use_cache=True, logits_to_keep=last_index(T, dev))

@@ -35,8 +35,8 @@ class FrozenBottomCache:
     With ``per="prompt"`` the cache holds each distinct prompt's bottom instead (its layers' keys and values and
     the hidden states leaving it: ``inference.prefix_cache.BottomCache``, least recently used out past
     ``max_bytes``), and each step runs the bottom over the completions only, attending to their prompt's cached
-    keys: RL's replies are new at every step, its prompts are not. In the rewards-only tic-tac-toe recipe
-    (prompts of ~72 tokens, replies of 3) the bottom then sees about a twentieth of the tokens it did.
+    keys: RL's replies are new at every step, its prompts are not. In the rewards-only tic-tac-toe recipe the
+    bottom then sees 4 replies of 3 tokens per group instead of those and the group's ~72-token prompt.
     """
 
     def __init__(self, model: Any, layers: int, max_bytes: int = 1 << 30, rtol: float = 1e-3,
