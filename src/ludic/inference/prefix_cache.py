@@ -180,21 +180,23 @@ class BottomCache:
 
     def lookup(self, decoder: Any, prompts: list[list[int]], device: Any) -> list[Bottom]:
         """Each prompt's bottom (``decoder``: the model's body, ``architectures.decoder_body``): held ones
-        from the cache, the others computed in one ``bottom_pass`` and held from now on."""
-        out: list[Bottom | None] = []
-        for p in prompts:
-            hit = self.entries.get(tuple(p))
-            if hit is not None:
-                self.entries.move_to_end(tuple(p))
-            out.append(hit[0] if hit is not None else None)
-        missing = [i for i, b in enumerate(out) if b is None]
-        self.stats["hits"] += len(prompts) - len(missing)
+        from the cache, the others computed in one ``bottom_pass`` and held from now on. A prompt listed more
+        than once (the items of a GRPO group) is looked up, counted and computed once."""
+        found: dict[tuple[int, ...], Bottom | None] = {}
+        for p in map(tuple, prompts):
+            if p not in found:
+                hit = self.entries.get(p)
+                if hit is not None:
+                    self.entries.move_to_end(p)
+                found[p] = hit[0] if hit is not None else None
+        missing = [p for p, b in found.items() if b is None]
+        self.stats["hits"] += len(found) - len(missing)
         self.stats["misses"] += len(missing)
         if missing:
-            for i, bottom in zip(missing, bottom_pass(decoder, self.layers, [prompts[i] for i in missing], device)):
-                out[i] = bottom
-                self._put(prompts[i], bottom)
-        return out  # type: ignore[return-value]
+            for p, bottom in zip(missing, bottom_pass(decoder, self.layers, [list(p) for p in missing], device)):
+                found[p] = bottom
+                self._put(list(p), bottom)
+        return [found[tuple(p)] for p in prompts]  # type: ignore[misc]
 
     def _put(self, prompt: list[int], bottom: Bottom) -> None:
         size = sum(t.numel() * t.element_size() for t in bottom)

@@ -120,10 +120,8 @@ class FrozenBottomCache:
         """``inputs`` from the prompts' cached bottoms: each row's prompt part read, its completion run through
         the bottom layers over the prompt's cached keys and values (one left-padded batch)."""
         prompts = [list(it.prompt_ids) for it in mb.items]
-        distinct = list({tuple(p): None for p in prompts})
         assert self.prompts is not None
-        found = dict(zip(distinct, self.prompts.lookup(decoder, [list(p) for p in distinct], mb.input_ids.device)))
-        bottoms = [found[tuple(p)] for p in prompts]
+        bottoms = self.prompts.lookup(decoder, prompts, mb.input_ids.device)
         B, T = mb.input_ids.shape
         x = bottoms[0][1].new_zeros(B, T, bottoms[0][1].shape[-1])
         for b, (_, hidden) in enumerate(bottoms):
@@ -153,9 +151,7 @@ class FrozenBottomCache:
         """What ``packed.packed_states`` returns for ``mb`` ([N, H] at the action positions), with the
         bottom read from the cache."""
         if self.prompts is not None:  # flat: the replies through the bottom over their prompts' cached keys
-            distinct = list({tuple(it.prompt_ids): None for it in mb.items})
-            found = dict(zip(distinct, self.prompts.lookup(decoder, [list(p) for p in distinct], mb.input_ids.device)))
-            bottoms = [found[tuple(it.prompt_ids)] for it in mb.items]
+            bottoms = self.prompts.lookup(decoder, [list(it.prompt_ids) for it in mb.items], mb.input_ids.device)
             h = packed_states(decoder, mb.items, mb.rows, mb.cols, start=self.layers, bottoms=bottoms)
         else:
             h = packed_states(decoder, mb.items, mb.rows, mb.cols, embeds=self.inputs(decoder, mb), start=self.layers)
