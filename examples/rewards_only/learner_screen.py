@@ -31,43 +31,40 @@ async def screen(rank: int, layer_share: float, lr: float, passes: int, schedule
     import torch
 
     from ludic.data.offline import OfflineBatchSource, sft_item
-    from ludic.inference.models import DEFAULT_MODEL
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.tictactoe.position_rl import View, score_positions
     from ludic.tictactoe.prompts import ANSWER_TOKENS
+    from ludic.tictactoe.recipe import rewards_only_config, rl_learner
     from ludic.tictactoe.synth import random_cell_records, teacher_position_records, teacher_positions
     from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
-    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, freeze_bottom, load_policy
+    from ludic.training.lora import decoder_layers, freeze_bottom, load_policy
     from ludic.training.trainer import Trainer
 
-    system = "Tic-tac-toe."
+    # the mode's prompt, cold start, batch and learner, as ``ludic recipe tictactoe --teacher none`` builds them
+    rc = rewards_only_config(seed=seed, lora_rank=rank, lora_layer_share=layer_share)
     torch.manual_seed(seed)
-    model, tok = load_policy(DEFAULT_MODEL, dtype="auto", seed=seed)
-    view = View(system, compact=True, show_moves=True, max_tokens=ANSWER_TOKENS["cell"], answer="cell")
+    model, tok = load_policy(rc.model, dtype=rc.dtype, seed=seed)
+    view = View(rc.system_prompt, compact=rc.compact, show_moves=rc.show_moves, max_tokens=ANSWER_TOKENS[rc.answer],
+                answer=rc.answer)
+    records = dict(compact=rc.compact, style=rc.answer, show_moves=rc.show_moves)
     engine, teacher = TransformersEngine(model, tok), teacher_positions()
 
     def trainer(items: list, cfg: TrainerConfig) -> Trainer:
-        return Trainer(model, make_sft(), OfflineBatchSource(items, 16, seed=seed), cfg, checkpoint_dir=None,
-                       tokenizer=tok, pad_token_id=tok.pad_token_id)
+        return Trainer(model, make_sft(), OfflineBatchSource(items, rc.sft_batch_size, seed=seed), cfg,
+                       checkpoint_dir=None, tokenizer=tok, pad_token_id=tok.pad_token_id)
 
     n_layers = len(decoder_layers(model))
-    freeze_bottom(model, round(0.5 * n_layers))
-    cold = [sft_item(r, tok) for r in random_cell_records(system, compact=True, style="cell", show_moves=True,
-                                                          seed=seed)]
-    steps = math.ceil(0.5 * len(cold) / 16)
-    cold_trainer = trainer(cold, TrainerConfig(lr=2e-4, lr_schedule="cosine", total_steps=steps, warmup_steps=3))
+    freeze_bottom(model, min(n_layers - 1, round(rc.sft_frozen_share * n_layers)))
+    cold = [sft_item(r, tok) for r in random_cell_records(rc.system_prompt, seed=seed, **records)]
+    steps = math.ceil(rc.cold_start_epochs * len(cold) / rc.sft_batch_size)
+    cold_trainer = trainer(cold, TrainerConfig(lr=rc.sft_lr, lr_schedule="cosine", total_steps=steps, warmup_steps=3))
     for _ in range(steps):
         await cold_trainer.train_step()
-    if rank:
-        for p in model.parameters():
-            p.requires_grad_(False)
-        model = apply_lora(model, LoraSettings(rank=rank, alpha=2.0 * rank,
-                                               top_layers=max(1, round(layer_share * n_layers))))
-        engine.model = model
+    model = engine.model = rl_learner(model, rc)
     engine.weights_changed()
-    items = [sft_item(r, tok) for r in teacher_position_records(system, compact=True, style="cell", show_moves=True)]
-    per_pass = math.ceil(len(items) / 16)
+    items = [sft_item(r, tok) for r in teacher_position_records(rc.system_prompt, **records)]
+    per_pass = math.ceil(len(items) / rc.sft_batch_size)
     learner = trainer(items, TrainerConfig(lr=lr, lr_schedule=schedule, total_steps=per_pass * passes))
 
     async def value_preserving() -> float:
@@ -85,10 +82,13 @@ async def screen(rank: int, layer_share: float, lr: float, passes: int, schedule
 
 
 def main() -> None:
+    from ludic.tictactoe.recipe import rewards_only_config
+
+    mode = rewards_only_config()  # the defaults: the mode's RL learner
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rank", type=int, default=16, help="LoRA rank; 0 trains the top layers themselves")
-    ap.add_argument("--layer-share", type=float, default=0.5, help="the LoRA's share of the top layers")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--rank", type=int, default=mode.lora_rank, help="LoRA rank; 0 trains the top layers themselves")
+    ap.add_argument("--layer-share", type=float, default=mode.lora_layer_share, help="the LoRA's share of the layers")
+    ap.add_argument("--lr", type=float, default=mode.rl_lr)
     ap.add_argument("--schedule", default="constant", choices=("constant", "linear", "cosine"))
     ap.add_argument("--passes", type=int, default=12)
     ap.add_argument("--every", type=int, default=2)

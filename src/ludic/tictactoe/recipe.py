@@ -181,6 +181,19 @@ def counted_rounds(cfg: RecipeConfig) -> int:
     return cfg.rl_rounds or (0 if cfg.budget_minutes else cfg.max_rl_rounds or 12)
 
 
+def rl_learner(model: Any, cfg: RecipeConfig) -> Any:
+    """What RL trains after the SFT stage: with ``cfg.lora_rank`` a fresh adapter (alpha twice the rank) on the top
+    ``cfg.lora_layer_share`` of the layers, everything else frozen; else the model itself, the layers SFT trained."""
+    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers
+
+    if not cfg.lora_rank:
+        return model
+    for p in model.parameters():
+        p.requires_grad_(False)
+    top = max(1, round(cfg.lora_layer_share * len(decoder_layers(model))))
+    return apply_lora(model, LoraSettings(rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank, top_layers=top))
+
+
 def rl_config(cfg: RecipeConfig) -> Any:
     """The RL stage's settings from the recipe's flags: a ``PositionRLConfig`` (``--reward move``) or an
     ``OutcomeRLConfig`` (``--reward outcome``: whole games against the opponent ladder), with the same step."""
@@ -269,7 +282,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     from ludic.training.algorithms import make_sft
     from ludic.training.config import TrainerConfig
     from ludic.training.loggers import make_logger
-    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, freeze_bottom, frozen_bottom_layers
+    from ludic.training.lora import decoder_layers, freeze_bottom, frozen_bottom_layers
     from ludic.training.trainer import Trainer
 
     check_config(cfg)
@@ -367,11 +380,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
 
     # ------------------------------------------------------------------ 4. RL
     t_rl = time.perf_counter()
-    if cfg.lora_rank:  # an adapter on the top layers (else RL trains the layers SFT trained, themselves)
-        for p in model.parameters():
-            p.requires_grad_(False)
-        model = apply_lora(model, LoraSettings(rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank,
-                                               top_layers=max(1, round(cfg.lora_layer_share * n_layers))))
+    model = rl_learner(model, cfg)
     engine.model = model
     rl_dir = run_dir / "rl"
     rl_cfg = rl_config(cfg)
