@@ -356,3 +356,28 @@ def test_a_decaying_rl_step_reaches_zero_at_the_last_batch(tiny_model_dir, tmp_p
         lrs = [m["lr"] for m in map(json.loads, (run / "rl" / "metrics.jsonl").read_text().splitlines()) if "lr" in m]
         assert len(lrs) >= 4 and lrs[0] == 1e-3
         assert all(a > b for a, b in zip(lrs, lrs[1:])) and low < lrs[-1] < high
+
+
+def test_rl_through_the_layers_themselves_saves_a_model_and_its_report_evaluates_it(tiny_model_dir, tmp_path):
+    """``--lora-rank 0``: RL trains the top layers themselves, so ``rl/final`` is a whole model, not an adapter.
+    The report says how RL kept its weights (fp32 master weights, not LoRA adapters) and its evaluation command
+    loads that model (no ``--adapter``) and reproduces the report's numbers."""
+    import shlex
+
+    from ludic.config import parse_config
+    from ludic.tictactoe.recipe import recipe, rewards_only_config
+    from ludic.tictactoe.recipe_report import eval_command
+    from ludic.tictactoe.train import EvalTicTacToeConfig, evaluate
+
+    run = tmp_path / "run"
+    report = recipe(rewards_only_config(model=str(tiny_model_dir), run_dir=str(run), budget_minutes=0, sft_steps=1,
+                                        sft_batch_size=8, rl_rounds=1, rl_steps_per_round=1, positions_per_step=3,
+                                        lora_rank=0, eval_base=False, logger="none"))
+    assert (run / "rl" / "final" / "config.json").exists() and not (run / "rl" / "final" / "adapter_config.json").exists()
+    assert "LoRA" not in report["precision"]["rl"] and "LoRA" not in (run / "report.md").read_text()
+    command = eval_command(run, report["config"])
+    assert "--adapter" not in command and str(run / "rl" / "final") in command
+    again = evaluate(parse_config(EvalTicTacToeConfig, shlex.split(command)[3:] + ["--out", str(tmp_path / "e.jsonl")]))
+    ours = report["results"]["rl"]["minimax"]
+    assert {k: again[k] for k in ("non_loss_rate", "decisions", "parse_error_rate")} == \
+        {k: ours[k] for k in ("non_loss_rate", "decisions", "parse_error_rate")}

@@ -36,8 +36,9 @@ def reply_mass(run_dir: Path, stage: str = "rl") -> dict[str, float]:
     cfg = json.loads((run_dir / "config.json").read_text())
     if cfg.get("answer", "cell") != "cell":
         raise SystemExit(f"{run_dir}: answer style {cfg.get('answer')!r}; this script scores bare cells only")
-    model, tok = load_policy(str(run_dir / "sft" / "final"), dtype="float32", seed=0)
-    if stage == "rl":
+    whole = stage == "rl" and not cfg.get("lora_rank", 16)  # --lora-rank 0: rl/final is the whole model
+    model, tok = load_policy(str(run_dir / ("rl" if whole else "sft") / "final"), dtype="float32", seed=0)
+    if stage == "rl" and not whole:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(run_dir / "rl" / "final"))

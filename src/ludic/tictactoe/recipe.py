@@ -461,8 +461,10 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
     if kept != rl.steps:  # a later round lost ground: keep the best round's adapter
         load_trainable_state(model, best[2])
         engine.weights_changed()  # the decode view copies the kept adapter in before the next batch
-        print(f"[recipe] RL: keeping the adapter after batch {kept} (the best exact evaluation)", flush=True)
+        print(f"[recipe] RL: keeping the weights after batch {kept} (the best exact evaluation)", flush=True)
     model.save_pretrained(rl_dir / "final")
+    if not cfg.lora_rank:  # the layers themselves: rl/final is a whole model, loadable on its own
+        tok.save_pretrained(rl_dir / "final")
     clock.add("rl", time.perf_counter() - t_rl - clock.seconds.get("eval_rl", 0.0))
     t0 = time.perf_counter()
     await ev.evaluate("rl", kept)
@@ -473,7 +475,7 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
               "promotions": getattr(rl, "promotions", None), "results": ev.stage_results, "seconds": clock.seconds, "total_seconds": clock.elapsed(),
               "budget_seconds": clock.budget_s, "sft_steps": step, "sft_epochs": step * cfg.sft_batch_size / len(items),
               "rl_steps": rl.steps, "rl_kept_step": kept, "rl_last_round": last_round, "rl_stopped": stopped,
-              "rl_stopped_why": stopped_why, "precision": precision(model, cfg.dtype), "sft_records": len(items),
+              "rl_stopped_why": stopped_why, "precision": precision(model, cfg.dtype, bool(cfg.lora_rank)), "sft_records": len(items),
               "teacher_positions": len(teacher), "prompt_tokens": prompt_tokens,
               "answer_tokens": answer_tokens, "curve": ev.curve, "machine": machine(), "config": asdict(cfg)}
     (run_dir / "report.json").write_text(json.dumps(report, indent=2))

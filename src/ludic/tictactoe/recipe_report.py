@@ -15,22 +15,25 @@ def eval_command(run_dir: Path, cfg: dict[str, Any]) -> str:
     """The ``ludic eval tictactoe --exact`` command line that sees the recipe's prompts."""
     import shlex
 
-    return (f"ludic eval tictactoe --exact --opponent minimax --model {run_dir / 'sft' / 'final'} "
-            f"--adapter {run_dir / 'rl' / 'final'} --ctx last {'--compact' if cfg['compact'] else '--no-compact'} "
+    policy = (f"--model {run_dir / 'sft' / 'final'} --adapter {run_dir / 'rl' / 'final'}" if cfg.get("lora_rank", 16)
+              else f"--model {run_dir / 'rl' / 'final'}")  # --lora-rank 0: RL trained the layers, saved as a model
+    return (f"ludic eval tictactoe --exact --opponent minimax {policy} --ctx last {'--compact' if cfg['compact'] else '--no-compact'} "
             f"--no-show-opponent-move {'--show-moves' if cfg['show_moves'] else '--no-show-moves'} "
             f"--system-prompt {shlex.quote(cfg['system_prompt'])} --answer {cfg['answer']} "
             f"--max-tokens {ANSWER_TOKENS[cfg['answer']]}")
 
 
-def precision(model: Any, requested: str) -> dict[str, str]:
-    """The compute dtype ``--dtype`` (``requested``) resolved to, how each stage kept its weights, and the fast path."""
+def precision(model: Any, requested: str, adapter: bool = True) -> dict[str, str]:
+    """The compute dtype ``--dtype`` (``requested``) resolved to, how each stage kept its weights (RL: a LoRA
+    ``adapter``, or the layers themselves under ``--lora-rank 0``), and the fast path."""
     from ludic import fastpath
 
     dtype = str(next(p for n, p in model.named_parameters() if "lora_" not in n).dtype).replace("torch.", "")
     low = dtype != "float32"
     return {"dtype": dtype, "requested": requested,
             "sft": f"{dtype} compute, fp32 master weights and AdamW state" if low else "float32",
-            "rl": f"{dtype} compute, fp32 LoRA adapters and AdamW state" if low else "float32",
+            "rl": (f"{dtype} compute, fp32 {'LoRA adapters' if adapter else 'master weights'} and AdamW state"
+                   if low else "float32"),
             "evaluated_in": dtype, "fast_path": fastpath.describe()}
 
 
