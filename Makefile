@@ -6,9 +6,11 @@ PYTHON ?= python3
 setup:
 	PYTHON=$(PYTHON) bash scripts/setup.sh
 
-# Main job: the tic-tac-toe recipe (teacher data -> SFT -> GRPO -> eval + report) on the packaged model.
+# Main job: the tic-tac-toe recipe on the packaged model from rewards alone (a random-cell format cold start, then
+# RL on the solver's score of each sampled move; exact evaluation + report). TEACHER=solver: SFT on the solver's moves.
+TEACHER ?= none
 train: setup
-	$(PYTHON) -m ludic recipe tictactoe $(ARGS)
+	$(PYTHON) -m ludic recipe tictactoe --teacher $(TEACHER) $(ARGS)
 
 # Full suite: unit, end-to-end (tiny model) and integration (a real vLLM CPU server).
 test: setup
