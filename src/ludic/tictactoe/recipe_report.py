@@ -57,7 +57,10 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
     last = report.get("rl_last_round") or {}
     if last and last.get("step") != report.get("rl_kept_step"):  # the final round, when another was kept
         stages.append((f"rl, last round (batch {last['step']})", last))
+    none = report.get("teacher") == "none"  # rewards only: the "sft" stage is the random-cell format cold start
     for stage, r in stages:
+        if stage == "sft" and none:
+            stage = "cold start (random legal cells)"
         if stage == "rl":
             stage = f"rl, kept (batch {report.get('rl_kept_step', '?')})"
         mm, rd, tp = r["minimax"], r.get("random"), r["teacher_positions"]
@@ -74,11 +77,14 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
         "# Tic-tac-toe recipe report\n\n"
         "Exact evaluation of the greedy policy: every branch of the opponent (minimax's tie-breaks, "
         "random's moves) and both seats enumerated; no sampling noise. Teacher positions: the "
-        f"{report['teacher_positions']} positions the solver teacher can face (perfect play needs them all).\n\n"
+        f"{report['teacher_positions']} positions the solver teacher can face (perfect play needs them all)"
+        + (": the solver scores the policy's moves there and never shows it one" if none else "") + ".\n\n"
         + "\n".join(rows)
         + f"\n\n| stage | wall time |\n|---|---|\n{times}\n| **total** | **{report['total_seconds'] / 60:.2f} min**"
           f"{budget} |\n\n"
-        f"SFT: {report['sft_steps']} steps ({report['sft_epochs']:.1f} epochs) on {report['sft_records']} records, "
+        + ("Cold start (format only, no strategy): " if none else "SFT: ")
+        + f"{report['sft_steps']} steps ({report['sft_epochs']:.1f} epochs) on {report['sft_records']} records"
+        + (" of uniformly random legal cells" if none else "") + ", "
         f"{report['prompt_tokens']:.0f} prompt + {report['answer_tokens']:.0f} answer tokens each. "
         + (f"RL: {report['rl_steps']} position-level GRPO batches (the solver's move-quality reward) in rounds, "
            if report.get("reward", "move") == "move" else
@@ -86,8 +92,8 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
            f"{report['config'].get('opponent_ladder')}; moved up at batches "
            f"{', '.join(f'{b} ({r})' for b, r in report.get('promotions') or []) or 'none'}) in rounds, ")
         + "each round evaluated exactly against "
-        f"minimax and on the teacher positions; the adapter of the best round is kept (here after batch "
-        f"{report['rl_kept_step']}; 0 is the SFT policy itself), selected on that same exact evaluation (minimax "
+        f"minimax and on the teacher positions; the policy of the best round is kept (here after batch "
+        f"{report['rl_kept_step']}; 0 is the {'cold-start' if none else 'SFT'} policy itself), selected on that same exact evaluation (minimax "
         "non-loss first, then value-preserving and legal teacher moves): the kept row is the best of the rounds "
         "it was chosen from, and the last round's row, when another was kept, shows where RL ended. "
         + {"goal": "RL stopped early because the goal was met: no losing decision against minimax and every "
@@ -119,7 +125,9 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
     curve = report["curve"]
     fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     axes[0].plot([m["step"] for m in sft], [m["loss"] for m in sft])
-    axes[0].set(title="SFT loss", xlabel="SFT step", ylabel="NLL per answer token", yscale="log")
+    none = report.get("teacher") == "none"
+    axes[0].set(title="Cold-start loss (random legal cells)" if none else "SFT loss", xlabel="SFT step",
+                ylabel="NLL per answer token", yscale="log")
     t = [c["t"] / 60 for c in curve]
     axes[1].plot(t, [c["best_move_rate"] for c in curve], "o-", label="best move")
     axes[1].plot(t, [c["value_preserving_rate"] for c in curve], "o-", label="value-preserving")
