@@ -19,7 +19,9 @@ evaluations are skipped; RL trains the top layers themselves (``lora_rank`` 0: t
 the bottom half stays frozen) at the solver path's 2e-4: given the solver's moves, they reached 89% of the 335
 value-preserving in 12 passes where the LoRA that ran before (rank 16 at 1e-3; at 2e-4 it barely moved) reached
 81%, and through RL they kept X 100 / O 100% at seeds 0 (on its second, faster hour) and 1 and X 87.5 / O 98.7% at
-seed 2, where the LoRA kept 75-100 / 75-100% ("The learner, not the visits"). Batches of 16 positions, 15 of them
+seed 2 on an Intel Xeon with AMX, where the LoRA kept 75-100 / 75-100% ("The learner, not the visits"); as the
+default on an AMD EPYC without AMX (640-681 batches in 27 minutes) X 100 / O 86.7-94.4% ("The layers themselves as
+the default"). Batches of 16 positions, 15 of them
 replayed, in groups of 4 samples of which one is a uniformly random legal cell (learned from only when it beats
 the group: it keeps signal where the policy answers alike), 64 batches between exact evaluations (against a
 failure pool, groups of 8 with 2 random and 16 batches a round, seeds 0-2 kept 60-64% value-preserving moves
