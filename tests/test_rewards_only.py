@@ -382,3 +382,30 @@ def test_rl_through_the_layers_themselves_saves_a_model_and_its_report_evaluates
     ours = report["results"]["rl"]["minimax"]
     assert {k: again[k] for k in ("non_loss_rate", "decisions", "parse_error_rate")} == \
         {k: ours[k] for k in ("non_loss_rate", "decisions", "parse_error_rate")}
+
+
+def test_rl_through_the_layers_themselves_trains_the_top_share_of_them(tmp_path):
+    """``--lora-rank 0`` with ``--lora-layer-share``: RL trains the top share of the decoder layers themselves, the
+    rest frozen (the mode's default: the top third, where the cold start trained the top half, so the frozen bottom
+    the caches skip is two thirds deep); a share above what SFT trained keeps SFT's layers (a frozen one is not
+    thawed). Was: at rank 0 the share was ignored and RL trained every layer SFT had trained."""
+    from ludic.inference.models import make_tiny_model
+    from ludic.tictactoe.recipe import load_policy_for, rewards_only_config, rl_learner
+    from ludic.training.lora import freeze_bottom, frozen_bottom_layers
+
+    path = make_tiny_model(tmp_path / "six", layers=6)
+
+    def trained_after(share: float | None) -> tuple[int, set[str]]:
+        cfg = rewards_only_config(model=str(path)) if share is None else rewards_only_config(model=str(path),
+                                                                                            lora_layer_share=share)
+        model, _ = load_policy_for(cfg)
+        freeze_bottom(model, 3)  # what the cold start trains: the top half
+        model = rl_learner(model, cfg)
+        return frozen_bottom_layers(model), {n.split(".layers.")[1].split(".")[0] for n, p in model.named_parameters()
+                                             if p.requires_grad and ".layers." in n}
+
+    assert rewards_only_config().lora_rank == 0 and rewards_only_config().lora_layer_share == 1 / 3
+    assert trained_after(None) == (4, {"4", "5"})  # the default: the top third of 6
+    assert trained_after(0.5) == (3, {"3", "4", "5"})  # what SFT trained, as before
+    assert trained_after(0.9) == (3, {"3", "4", "5"})  # no frozen layer thaws
+    assert trained_after(0.1) == (5, {"5"})  # at least one layer

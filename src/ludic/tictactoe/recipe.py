@@ -155,7 +155,8 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     lora_rank: int = 16
     """Rank of the RL adapter (alpha = 2 x rank); 0: RL trains the layers SFT trained, with no adapter."""
     lora_layer_share: float = 0.5
-    """Share of the decoder layers, from the top, that carry the RL adapter (1: all), for the same reason."""
+    """Share of the decoder layers, from the top, that RL trains (1: all): they carry the adapter, or under
+    --lora-rank 0 they train themselves (at most the layers SFT trained)."""
     eval_base: bool = True
     """Evaluate the base model first (exact, every branch), for the report's first row."""
     fast_path: bool = True
@@ -183,14 +184,16 @@ def counted_rounds(cfg: RecipeConfig) -> int:
 
 def rl_learner(model: Any, cfg: RecipeConfig) -> Any:
     """What RL trains after the SFT stage: with ``cfg.lora_rank`` a fresh adapter (alpha twice the rank) on the top
-    ``cfg.lora_layer_share`` of the layers, everything else frozen; else the model itself, the layers SFT trained."""
-    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers
+    ``cfg.lora_layer_share`` of the layers, everything else frozen; else the model itself, its top
+    ``cfg.lora_layer_share`` of the layers (at most the layers SFT trained: the others stay frozen)."""
+    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, freeze_bottom, frozen_bottom_layers
 
+    top = max(1, round(cfg.lora_layer_share * len(decoder_layers(model))))
     if not cfg.lora_rank:
+        freeze_bottom(model, max(frozen_bottom_layers(model), len(decoder_layers(model)) - top))
         return model
     for p in model.parameters():
         p.requires_grad_(False)
-    top = max(1, round(cfg.lora_layer_share * len(decoder_layers(model))))
     return apply_lora(model, LoraSettings(rank=cfg.lora_rank, alpha=2.0 * cfg.lora_rank, top_layers=top))
 
 

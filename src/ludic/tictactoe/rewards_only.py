@@ -9,6 +9,7 @@ from typing import Any
 
 REWARDS_ONLY_DEFAULTS: dict[str, Any] = {
     "show_moves": True, "cold_start_epochs": 0.5, "curve_points": 0, "rl_steps_per_round": 64, "lora_rank": 0,
+    "lora_layer_share": 1 / 3, "budget_minutes": 29.0,
     "group_size": 4, "rl_explore_samples": 1, "rl_explore": "uniform", "rl_lr_schedule": "cosine", "rl_replay": "tree",
     "rl_replay_fraction": 0.94, "rl_replay_priority": 0.5, "rl_temperature": 0.7}
 """The defaults of ``--teacher none`` where they differ from the solver path's (``ludic recipe tictactoe
@@ -37,7 +38,7 @@ at 1.0 kept O 68-83%; with the frozen bottom cached per prompt seed 1 played per
 decay", "The frozen bottom cached per prompt")."""
 
 
-MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore", "lora_rank", "rl_lr_schedule", "group_size", "rl_replay",
+MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore", "lora_rank", "lora_layer_share", "rl_lr_schedule", "group_size", "rl_replay",
                     "rl_replay_fraction", "rl_replay_priority", "rl_temperature")
 """Defaults of the mode that only the move reward takes: a position's group explores, a game's does not; the
 outcome reward keeps the solver path's LoRA at 2e-4, what its studies ran (the LoRA at 1e-3 collapsed its groups
