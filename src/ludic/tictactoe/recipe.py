@@ -153,7 +153,8 @@ class RecipeConfig(ModelBlock, ColdStartBlock, RunBlock):
     rl_entropy_coef: float = 0.0
     """Entropy bonus of the RL loss."""
     lora_rank: int = 16
-    """Rank of the RL adapter (alpha = 2 x rank); 0: RL trains the layers SFT trained, with no adapter."""
+    """Rank of the RL adapter (alpha = 2 x rank); 0: no adapter, RL trains the layers themselves
+    (--lora-layer-share)."""
     lora_layer_share: float = 0.5
     """Share of the decoder layers, from the top, that RL trains (1: all): they carry the adapter, or under
     --lora-rank 0 they train themselves (at most the layers SFT trained)."""
