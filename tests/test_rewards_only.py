@@ -42,6 +42,8 @@ def test_rewards_only_shows_the_policy_no_solver_move(tiny_model_dir, tmp_path):
     # "the 1340 positions the solver teacher can face")
     text = (run / "report.md").read_text()
     assert "the 335 positions" in text and "1340 positions" not in text and f"{len(records)} records" in text
+    # its wall-time table names the cold start as such (it said "sft" and "eval_sft", report.json's keys)
+    assert "| cold start (random legal cells) | " in text and "| sft |" not in text and "| eval_sft |" not in text
 
 
 def test_the_solver_mode_writes_its_teacher_records_too(tiny_model_dir, tmp_path):

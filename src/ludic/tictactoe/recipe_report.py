@@ -70,7 +70,8 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
                     f"{_pct(mm['non_loss_rate'])} | {_pct(rd and rd['non_loss_rate'])} | {_pct(rd and rd['win_rate'])} | "
                     f"{_pct(rd and rd['loss_rate'])} | {_pct(forfeits)} | {_pct(tp['best_move_rate'])} | "
                     f"{_pct(tp['value_preserving_rate'])} | {_pct(tp['legal_rate'])} |")
-    times = "\n".join(f"| {k} | {v / 60:.2f} min |" for k, v in report["seconds"].items())
+    shown = {"sft": "cold start (random legal cells)", "eval_sft": "eval_cold_start"} if none else {}
+    times = "\n".join(f"| {shown.get(k, k)} | {v / 60:.2f} min |" for k, v in report["seconds"].items())
     m = report["machine"]
     budget = f" of a {report['budget_seconds'] / 60:.0f} min budget" if report["budget_seconds"] else ""
     text = (
