@@ -398,8 +398,7 @@ def test_rl_through_the_layers_themselves_trains_the_top_share_of_them(tmp_path)
     path = make_tiny_model(tmp_path / "six", layers=6)
 
     def trained_after(share: float | None) -> tuple[int, set[str]]:
-        cfg = rewards_only_config(model=str(path)) if share is None else rewards_only_config(model=str(path),
-                                                                                            lora_layer_share=share)
+        cfg = rewards_only_config(model=str(path), **({} if share is None else {"lora_layer_share": share}))
         model, _ = load_policy_for(cfg)
         freeze_bottom(model, 3)  # what the cold start trains: the top half
         model = rl_learner(model, cfg)

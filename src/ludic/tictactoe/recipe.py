@@ -189,9 +189,10 @@ def rl_learner(model: Any, cfg: RecipeConfig) -> Any:
     ``cfg.lora_layer_share`` of the layers (at most the layers SFT trained: the others stay frozen)."""
     from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, freeze_bottom, frozen_bottom_layers
 
-    top = max(1, round(cfg.lora_layer_share * len(decoder_layers(model))))
+    n = len(decoder_layers(model))
+    top = max(1, round(cfg.lora_layer_share * n))
     if not cfg.lora_rank:
-        freeze_bottom(model, max(frozen_bottom_layers(model), len(decoder_layers(model)) - top))
+        freeze_bottom(model, max(frozen_bottom_layers(model), n - top))
         return model
     for p in model.parameters():
         p.requires_grad_(False)

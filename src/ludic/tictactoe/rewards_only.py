@@ -37,7 +37,8 @@ MOVE_REWARD_ONLY = ("rl_explore_samples", "rl_explore", "lora_rank", "lora_layer
 outcome reward keeps the solver path's LoRA at 2e-4, what its studies ran (the LoRA at 1e-3 collapsed its groups
 within 20 batches, every game of a group alike, so RL stopped for lack of signal at 21 of 57 minutes; the layers
 themselves, and how many of them, were measured with the move reward only) (docs/studies.md); the batch shape and
-the uniform replay were measured with the move reward only, so the outcome reward keeps 16 batches a round (``OUTCOME_REWARD_DEFAULTS``) of groups of 8."""
+the uniform replay were measured with the move reward only, so the outcome reward keeps 16 batches a round
+(``OUTCOME_REWARD_DEFAULTS``) of groups of 8."""
 
 OUTCOME_REWARD_DEFAULTS: dict[str, Any] = {"rl_steps_per_round": 16}
 """Where the outcome reward's defaults differ from the move reward's in this mode (what its studies ran with)."""
