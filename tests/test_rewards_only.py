@@ -44,6 +44,48 @@ def test_rewards_only_shows_the_policy_no_solver_move(tiny_model_dir, tmp_path):
     assert "the 335 positions" in text and "1340 positions" not in text and f"{len(records)} records" in text
     # its wall-time table names the cold start as such (it said "sft" and "eval_sft", report.json's keys)
     assert "| cold start (random legal cells) | " in text and "| sft |" not in text and "| eval_sft |" not in text
+    # its round lost games against minimax, so it swept no teacher positions (the closing evaluation did): the
+    # report's row of that last round shows them as not measured
+    between = [c for c in report["curve"] if c["stage"] == "rl"][:-1]
+    assert between and all("minimax_o_non_loss_rate" in c and "value_preserving_rate" not in c for c in between)
+    assert "teacher_positions" in report["results"]["rl"] and "teacher_positions" not in report["rl_last_round"]
+    assert f"| rl, last round (batch {report['rl_last_round']['step']}) |" in text
+    assert (run / "learning_curves.png").exists()
+
+
+def test_a_round_sweeps_the_teacher_positions_only_when_its_games_lost_nothing(tiny_model_dir, tmp_path):
+    """Between RL rounds the teacher positions (335 greedy answers, two thirds of a round's evaluation) are swept
+    only when the games against minimax lost nothing: while they lose, their losing decisions are what the next round
+    trains on first, and keep-best ranks rounds by minimax first. The goal check (nothing wrong in either) still sees
+    them, and an evaluation asked for again at the same batch with the positions adds them to the games it has."""
+    import asyncio
+
+    from ludic.inference.client import FunctionClient
+    from ludic.inference.models import load_tokenizer
+    from ludic.tictactoe.position_rl import View
+    from ludic.tictactoe.recipe_eval import Evaluator
+    from ludic.tictactoe.synth import teacher_positions
+
+    def scripted(pick):  # a scripted player (not a model): reads the board from the prompt, answers a cell
+        return lambda messages: ttt.coord(pick(ttt.parse_board(messages[-1]["content"])))
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    view = View("Tic-tac-toe.", compact=True, show_moves=True, max_tokens=4, answer="cell")
+    positions = teacher_positions()
+
+    async def main() -> None:
+        losing = Evaluator(FunctionClient(tok, scripted(lambda b: ttt.legal_moves(b)[0])), view, positions, tmp_path)
+        e = await losing.evaluate("rl", 1, opponents=("minimax",), positions="if_no_loss")
+        assert e.focus and "teacher_positions" not in e.metrics and e.score()[1:] == (-1.0, -1.0)
+        assert "value_preserving_rate" not in losing.curve[-1] and "minimax_o_non_loss_rate" in losing.curve[-1]
+        full = await losing.evaluate("rl", 1)  # the closing evaluation: the positions and random join the games
+        assert full.metrics["teacher_positions"]["positions"] == len(positions) and "random" in full.metrics
+        assert len(losing.curve) == 1 and "value_preserving_rate" in losing.curve[-1]
+        perfect = Evaluator(FunctionClient(tok, scripted(lambda b: ttt.best_moves(b)[0])), view, positions, tmp_path)
+        e = await perfect.evaluate("rl", 1, opponents=("minimax",), positions="if_no_loss")
+        assert not e.focus and not e.pool and e.metrics["teacher_positions"]["value_preserving_rate"] == 1.0
+
+    asyncio.run(main())
 
 
 def test_the_solver_mode_writes_its_teacher_records_too(tiny_model_dir, tmp_path):
@@ -393,7 +435,7 @@ def test_rl_through_the_layers_themselves_trains_the_top_share_of_them(tmp_path)
     thawed). Was: at rank 0 the share was ignored and RL trained every layer SFT had trained."""
     from ludic.inference.models import make_tiny_model
     from ludic.tictactoe.recipe import load_policy_for, rewards_only_config, rl_learner
-    from ludic.training.lora import freeze_bottom, frozen_bottom_layers
+    from ludic.training.lora import freeze_bottom, frozen_bottom_layers, top_layer_count
 
     path = make_tiny_model(tmp_path / "six", layers=6)
 
@@ -410,6 +452,8 @@ def test_rl_through_the_layers_themselves_trains_the_top_share_of_them(tmp_path)
     assert trained_after(0.5) == (3, {"3", "4", "5"})  # what SFT trained, as before
     assert trained_after(0.9) == (3, {"3", "4", "5"})  # no frozen layer thaws
     assert trained_after(0.1) == (5, {"5"})  # at least one layer
+    # the rounding every --lora-layer-share flag shares (this recipe and `ludic recipe games`)
+    assert [top_layer_count(s, 30) for s in (1 / 3, 0.5, 1.0, 2.0, 0.01)] == [10, 15, 30, 30, 1]
 
 
 def test_make_train_runs_the_solver_path_and_the_rewards_only_mode_is_one_flag_away():

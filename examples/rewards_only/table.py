@@ -20,10 +20,10 @@ def pct(x: float | None) -> str:
 
 
 def row(name: str, r: dict, minutes: float | None) -> str:
-    mm, tp = r["minimax"], r["teacher_positions"]
+    mm, tp = r["minimax"], r.get("teacher_positions") or {}  # a round whose games lost did not sweep them
     forfeit = mm["illegal_rate"] + mm["parse_error_rate"]
-    return (f"| {name} | {pct(mm['x/non_loss_rate'])} | {pct(mm['o/non_loss_rate'])} | {pct(tp['legal_rate'])} | "
-            f"{pct(forfeit)} | {pct(tp['value_preserving_rate'])} | "
+    return (f"| {name} | {pct(mm['x/non_loss_rate'])} | {pct(mm['o/non_loss_rate'])} | {pct(tp.get('legal_rate'))} | "
+            f"{pct(forfeit)} | {pct(tp.get('value_preserving_rate'))} | "
             f"{'-' if minutes is None else f'{minutes:.1f}'} |")
 
 

@@ -296,7 +296,7 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.training.algorithms import make_mmd, make_ppo
     from ludic.training.loggers import logger_names, make_logger
-    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers
+    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, top_layer_count
     from ludic.training.trainer import Trainer
     from ludic.training.value import ValueFunction, attach_value_head
 
@@ -339,7 +339,7 @@ async def _train_games(cfg: TrainGamesConfig) -> dict[str, Any]:
     else:
         model, tok = load_policy_for(cfg)
     n_layers = len(decoder_layers(model))
-    top = n_layers if cfg.lora_layer_share >= 1 else max(1, round(cfg.lora_layer_share * n_layers))
+    top = top_layer_count(cfg.lora_layer_share, n_layers)
     model = apply_lora(model, LoraSettings(rank=cfg.lora_rank, alpha=cfg.lora_rank * cfg.lora_alpha_mult,
                                            top_layers=0 if top == n_layers else top))
     if cfg.algorithm == "mmd":

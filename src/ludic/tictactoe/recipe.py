@@ -187,10 +187,11 @@ def rl_learner(model: Any, cfg: RecipeConfig) -> Any:
     """What RL trains after the SFT stage: with ``cfg.lora_rank`` a fresh adapter (alpha twice the rank) on the top
     ``cfg.lora_layer_share`` of the layers, everything else frozen; else the model itself, its top
     ``cfg.lora_layer_share`` of the layers (at most the layers SFT trained: the others stay frozen)."""
-    from ludic.training.lora import LoraSettings, apply_lora, decoder_layers, freeze_bottom, frozen_bottom_layers
+    from ludic.training.lora import (LoraSettings, apply_lora, decoder_layers, freeze_bottom, frozen_bottom_layers,
+                                     top_layer_count)
 
     n = len(decoder_layers(model))
-    top = max(1, round(cfg.lora_layer_share * n))
+    top = top_layer_count(cfg.lora_layer_share, n)
     if not cfg.lora_rank:
         freeze_bottom(model, max(frozen_bottom_layers(model), n - top))
         return model
@@ -444,8 +445,8 @@ async def _recipe(cfg: RecipeConfig) -> dict[str, Any]:
             break
         t_eval = time.perf_counter()
         batch_s = (t_eval - t0) / max(1, rl.steps - steps_before)
-        # between rounds: the teacher positions and minimax only (the failures that lose games)
-        round_eval = await ev.evaluate("rl", rl.steps, opponents=("minimax",))
+        # between rounds: minimax only (the failures that lose games), the teacher positions once it loses nothing
+        round_eval = await ev.evaluate("rl", rl.steps, opponents=("minimax",), positions="if_no_loss")
         clock.add("eval_rl", time.perf_counter() - t_eval)
         last_round = {"step": rl.steps, **round_eval.metrics}
         if round_eval.score() > best[0]:

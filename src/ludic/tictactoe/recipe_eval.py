@@ -26,8 +26,9 @@ class StageEval:
 
     def score(self) -> tuple[float, float, float]:
         """What RL maximises, in order: exact non-loss against minimax, then value-preserving and
-        legal moves on the teacher positions (the rounds' checkpoints are compared by it)."""
-        tp = self.metrics["teacher_positions"]
+        legal moves on the teacher positions (the rounds' checkpoints are compared by it); -1 for positions a
+        round did not sweep, so a tie on minimax goes to the round measured on them too."""
+        tp = self.metrics.get("teacher_positions") or {"value_preserving_rate": -1.0, "legal_rate": -1.0}
         return self.metrics["minimax"]["non_loss_rate"], tp["value_preserving_rate"], tp["legal_rate"]
 
 
@@ -58,32 +59,38 @@ class Evaluator:
         self._last: tuple | None = None  # ((stage, step), results, wrong games, wrong positions, positions met)
 
     async def positions(self, stage: str, step: int = 0) -> tuple[dict[str, float], list]:
-        """The policy's move on every teacher position: legal, best and value-preserving rates."""
+        """The policy's move on every teacher position: legal, best and value-preserving rates (a curve point)."""
+        self.curve.append({"stage": stage, "step": step, "t": time.perf_counter() - self.t0})
+        self._last = None
+        return await self._sweep()
+
+    async def _sweep(self) -> tuple[dict[str, float], list]:
+        """The teacher positions' rates and wrong boards, added to the newest curve point."""
         from ludic.tictactoe.position_rl import score_positions
 
         t0 = time.perf_counter()
         score = await score_positions(self.client, self.teacher, self.view)
         self.positions_seconds = time.perf_counter() - t0
         rates = score.rates()
-        self._last = None
-        self.curve.append({"stage": stage, "step": step, "t": time.perf_counter() - self.t0,
-                           "best_move_rate": rates["best_move_rate"],
-                           "value_preserving_rate": rates["value_preserving_rate"]})
+        self.curve[-1].update({k: rates[k] for k in ("best_move_rate", "value_preserving_rate")})
         return rates, score.wrong
 
-    async def evaluate(self, stage: str, step: int = 0, opponents: tuple[str, ...] = ("minimax", "random")) -> StageEval:
-        """Teacher positions, then exact evaluations against ``opponents``; ``stage_results[stage]``
-        keeps the stage's latest full evaluation (both opponents). The same ``(stage, step)`` asked
-        again (the closing evaluation right after the last RL round's) reuses what was measured."""
+    async def evaluate(self, stage: str, step: int = 0, opponents: tuple[str, ...] = ("minimax", "random"),
+                       positions: str = "always") -> StageEval:
+        """Exact evaluations against ``opponents``, and the teacher positions (``positions="always"``) or
+        (``"if_no_loss"``, between RL rounds) only when those games lost nothing: while they lose, their losing
+        decisions are what the next round trains on first and what keep-best ranks first, and the positions are two
+        thirds of the evaluation's time. ``stage_results[stage]`` keeps the stage's latest full evaluation (both
+        opponents and the positions). The same ``(stage, step)`` asked again (the closing evaluation right after the
+        last RL round's) adds only what was not measured yet."""
         from ludic.tictactoe.exact import exact_eval
 
-        if self._last is not None and self._last[0] == (stage, step):
-            out, wrong_games, wrong, met = self._last[1:]
-            rates = out["teacher_positions"]
-        else:
-            rates, wrong = await self.positions(stage, step)
-            out, wrong_games, met = {"teacher_positions": rates}, {"minimax": [], "random": []}, {"minimax": {}}
-            self._last = ((stage, step), out, wrong_games, wrong, met)
+        if positions not in ("always", "if_no_loss"):
+            raise ValueError(f"positions must be 'always' or 'if_no_loss', got {positions!r}")
+        if self._last is None or self._last[0] != (stage, step):
+            self.curve.append({"stage": stage, "step": step, "t": time.perf_counter() - self.t0})
+            self._last = ((stage, step), {}, {"minimax": [], "random": []}, [], {"minimax": {}})
+        out, wrong_games, wrong, met = self._last[1:]
         for opponent in opponents:
             if opponent in out:
                 continue
@@ -98,18 +105,22 @@ class Evaluator:
             with open(self.run_dir / f"decisions_{stage}_{opponent}.jsonl", "w") as f:
                 for d in res.records:
                     f.write(json.dumps(d.to_dict()) + "\n")
+        lost = any(wrong_games[o] for o in opponents)
+        if "teacher_positions" not in out and (positions == "always" or not lost):
+            out["teacher_positions"], found = await self._sweep()
+            wrong.extend(found)
         self.curve[-1].update({f"{o}_non_loss_rate": out[o]["non_loss_rate"] for o in opponents})
         self.curve[-1].update({f"{o}_{s}_non_loss_rate": out[o][f"{s}/non_loss_rate"]
                                for o in opponents for s in ("x", "o")})
-        if set(opponents) >= {"minimax", "random"}:
+        if set(opponents) >= {"minimax", "random"} and "teacher_positions" in out:
             self.stage_results[stage] = out
         said = [f"vs {o} non-loss X {out[o]['x/non_loss_rate']:.1%} O {out[o]['o/non_loss_rate']:.1%}"
                 for o in opponents]
-        print(f"[recipe] {stage} (step {step}): " + " | ".join(said) + f" | teacher positions best "
-              f"{rates['best_move_rate']:.1%} value-preserving {rates['value_preserving_rate']:.1%} "
-              f"legal {rates['legal_rate']:.1%}", flush=True)
+        rates = out.get("teacher_positions")
+        print(f"[recipe] {stage} (step {step}): " + " | ".join(said) + (
+            f" | teacher positions best {rates['best_move_rate']:.1%} value-preserving "
+            f"{rates['value_preserving_rate']:.1%} legal {rates['legal_rate']:.1%}" if rates else
+            " | teacher positions not swept (games lost)"), flush=True)
         every = list(dict.fromkeys(b for o in met for b in met[o]))
-        return StageEval(out, wrong_games["minimax"], wrong_games["random"] + wrong, every, list(met["minimax"]),
-                         dict(met["minimax"]))
-
-
+        return StageEval(dict(out), wrong_games["minimax"], wrong_games["random"] + wrong, every,
+                         list(met["minimax"]), dict(met["minimax"]))

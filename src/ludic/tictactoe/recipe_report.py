@@ -63,13 +63,13 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
             stage = "cold start (random legal cells)"
         if stage == "rl":
             stage = f"rl, kept (batch {report.get('rl_kept_step', '?')})"
-        mm, rd, tp = r["minimax"], r.get("random"), r["teacher_positions"]
+        mm, rd, tp = r["minimax"], r.get("random"), r.get("teacher_positions") or {}  # a round may not sweep them
         forfeits = (mm["illegal_rate"] + mm["parse_error_rate"] + rd["illegal_rate"] + rd["parse_error_rate"]) / 2 \
             if rd else mm["illegal_rate"] + mm["parse_error_rate"]
         rows.append(f"| {stage} | {_pct(mm['x/non_loss_rate'])} | {_pct(mm['o/non_loss_rate'])} | "
                     f"{_pct(mm['non_loss_rate'])} | {_pct(rd and rd['non_loss_rate'])} | {_pct(rd and rd['win_rate'])} | "
-                    f"{_pct(rd and rd['loss_rate'])} | {_pct(forfeits)} | {_pct(tp['best_move_rate'])} | "
-                    f"{_pct(tp['value_preserving_rate'])} | {_pct(tp['legal_rate'])} |")
+                    f"{_pct(rd and rd['loss_rate'])} | {_pct(forfeits)} | {_pct(tp.get('best_move_rate'))} | "
+                    f"{_pct(tp.get('value_preserving_rate'))} | {_pct(tp.get('legal_rate'))} |")
     shown = {"sft": "cold start (random legal cells)", "eval_sft": "eval_cold_start"} if none else {}
     times = "\n".join(f"| {shown.get(k, k)} | {v / 60:.2f} min |" for k, v in report["seconds"].items())
     m = report["machine"]
@@ -93,7 +93,7 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
            f"{report['config'].get('opponent_ladder')}; moved up at batches "
            f"{', '.join(f'{b} ({r})' for b, r in report.get('promotions') or []) or 'none'}) in rounds, ")
         + "each round evaluated exactly against "
-        f"minimax and on the teacher positions; the policy of the best round is kept (here after batch "
+        f"minimax (and on the teacher positions once its games lost nothing); the policy of the best round is kept (here after batch "
         f"{report['rl_kept_step']}; 0 is the {'cold-start' if none else 'SFT'} policy itself), selected on that same exact evaluation (minimax "
         "non-loss first, then value-preserving and legal teacher moves): the kept row is the best of the rounds "
         "it was chosen from, and the last round's row, when another was kept, shows where RL ended. "
@@ -129,9 +129,10 @@ def write_report(run_dir: Path, report: dict[str, Any]) -> None:
     none = report.get("teacher") == "none"
     axes[0].set(title="Cold-start loss (random legal cells)" if none else "SFT loss", xlabel="SFT step",
                 ylabel="NLL per answer token", yscale="log")
-    t = [c["t"] / 60 for c in curve]
-    axes[1].plot(t, [c["best_move_rate"] for c in curve], "o-", label="best move")
-    axes[1].plot(t, [c["value_preserving_rate"] for c in curve], "o-", label="value-preserving")
+    swept = [c for c in curve if "value_preserving_rate" in c]  # RL rounds that lost games did not sweep them
+    t = [c["t"] / 60 for c in swept]
+    axes[1].plot(t, [c["best_move_rate"] for c in swept], "o-", label="best move")
+    axes[1].plot(t, [c["value_preserving_rate"] for c in swept], "o-", label="value-preserving")
     axes[1].set(title="Teacher positions answered right", xlabel="minutes", ylim=(0, 1.02))
     axes[1].legend()
     axes[2].plot([m["step"] for m in rl], [m["reward_mean"] for m in rl])

@@ -28,6 +28,12 @@ class LoraSettings:
     lowest adapted layer: with half the layers, a training step costs about a third less."""
 
 
+def top_layer_count(share: float, n_layers: int) -> int:
+    """How many of ``n_layers`` decoder layers are "the top ``share``" of them: ``round(share * n_layers)``,
+    at least 1 and at most all of them (the one rounding every ``--lora-layer-share`` flag uses)."""
+    return min(n_layers, max(1, round(share * n_layers)))
+
+
 def freeze_bottom(model: Any, layers: int) -> int:
     """Freeze the input embeddings (and so a tied LM head) and the bottom ``layers`` decoder
     layers: autograd then never goes below the lowest trainable layer, so a step skips their
