@@ -178,6 +178,8 @@ def test_the_outcome_reward_plays_whole_games_and_never_asks_the_solver(tiny_mod
     assert "outcome-s0 (reward outcome, teacher none)" in out and "| after the cold start |" in out
     assert "| kept (batch " in out and "Exact non-loss against minimax over time: " in out
     assert "Where the time went: " in out and "RL training " in out
+    table.plot(tmp_path / "results", tmp_path / "curve.png", ["outcome-s0"])  # the curve against minutes
+    assert (tmp_path / "curve.png").stat().st_size > 1000
 
 
 def test_an_unknown_reward_is_refused_before_anything_runs(tmp_path):

@@ -1,11 +1,12 @@
 """The rewards-only tic-tac-toe tables, from the recipe's own report.json files (examples/rewards_only/results/).
 
-    python examples/rewards_only/table.py [results dir]
+    python examples/rewards_only/table.py [results dir] [--plot OUT.png [run names...]]
 
 Per run: exact non-loss against minimax in each seat (every branch of minimax's random tie-breaks, greedy
 policy), legal moves (on the 335 positions perfect play can face, and forfeits against minimax), at the base
 model, after the format cold start (random legal cells: no strategy), at the kept round and at the last round,
-with the minutes at which each was measured; then the curve of exact non-loss against minutes.
+with the minutes at which each was measured; then the curve of exact non-loss against minutes. ``--plot`` draws
+that curve (each seat, each run named, or every run) into one picture.
 """
 
 from __future__ import annotations
@@ -62,5 +63,35 @@ def time_split(rep: dict) -> str:
             f"{total / 60:.1f}; RL training {secs.get('rl', 0) / 60:.1f} min = {100 * secs.get('rl', 0) / total:.0f}%)")
 
 
+def plot(root: Path, out: Path, names: list[str] | None = None) -> None:
+    """Exact non-loss against minimax in each seat, against the run's minutes, one line per run and seat."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for d in sorted(p for p in root.glob("*-s*") if (p / "report.json").exists() and (not names or p.name in names)):
+        rep = json.loads((d / "report.json").read_text())
+        pts = [c for c in rep.get("curve", []) if "minimax_x_non_loss_rate" in c]
+        for ax, seat in zip(axes, "xo"):
+            ax.plot([c["t"] / 60 for c in pts], [100 * c[f"minimax_{seat}_non_loss_rate"] for c in pts], "o-",
+                    ms=3, label=d.name)
+    for ax, seat in zip(axes, "XO"):
+        ax.axhline(95, color="grey", ls=":", lw=1)
+        ax.set(title=f"as {seat}: exact non-loss vs minimax", xlabel="minutes (the whole run)", ylim=(-2, 102))
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("% of minimax's branches")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "results")
+    args = sys.argv[1:]
+    results = Path(args[0]) if args and not args[0].startswith("--") else Path(__file__).parent / "results"
+    if "--plot" in args:
+        at = args.index("--plot")
+        plot(results, Path(args[at + 1]), args[at + 2:] or None)
+    else:
+        main(results)
