@@ -6,9 +6,9 @@ PYTHON ?= python3
 setup:
 	PYTHON=$(PYTHON) bash scripts/setup.sh
 
-# Main job: the tic-tac-toe recipe (teacher data -> SFT -> RL -> exact eval + report) on the packaged model.
-# TEACHER=none: from rewards alone (a random-cell format cold start, then RL on the solver's score of each sampled move).
-TEACHER ?= solver
+# Main job: the tic-tac-toe recipe on the packaged model, from rewards alone (a random-cell format cold start, then RL
+# on the solver's score of each sampled move -> exact eval + report). TEACHER=solver: SFT on the solver's moves, then RL.
+TEACHER ?= none
 train: setup
 	$(PYTHON) -m ludic recipe tictactoe --teacher $(TEACHER) $(ARGS)
 

@@ -458,9 +458,9 @@ def test_rl_through_the_layers_themselves_trains_the_top_share_of_them(tmp_path)
     assert [top_layer_count(s, 30) for s in (1 / 3, 0.5, 1.0, 2.0, 0.01)] == [10, 15, 30, 30, 1]
 
 
-def test_make_train_runs_the_solver_path_and_the_rewards_only_mode_is_one_flag_away():
-    """The main job (``make train``) is the SFT path, and ``make train TEACHER=none`` runs the rewards-only mode with
-    its default flags (issue 39: it becomes the default when it meets the goal at seeds 0-2; it met it at two).
+def test_make_train_runs_the_rewards_only_mode_and_the_solver_path_is_one_flag_away():
+    """The main job (``make train``) is the rewards-only mode with its default flags (issue 39: it met the goal at seeds
+    0-2), and ``make train TEACHER=solver`` runs the SFT path.
     ``make -n`` prints the commands without running them."""
     import subprocess
     from pathlib import Path
@@ -472,5 +472,5 @@ def test_make_train_runs_the_solver_path_and_the_rewards_only_mode_is_one_flag_a
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    assert "-m ludic recipe tictactoe --teacher solver" in train()
-    assert "-m ludic recipe tictactoe --teacher none" in train("TEACHER=none")
+    assert "-m ludic recipe tictactoe --teacher none" in train()
+    assert "-m ludic recipe tictactoe --teacher solver" in train("TEACHER=solver")
