@@ -141,6 +141,9 @@ def test_keep_best_chooses_on_validation_episodes_apart_from_the_test_ones(tiny_
     kept = summary["kept"]
     assert kept["episodes"] == 3 and kept["step"] in (0, 1, 2) and kept["last_step"] == 2
     assert "validation" in kept["note"] and summary["trained"]["episodes"] == 4
+    # the tiny random model answers no test question; a constant answer scores something: said before RL
+    assert summary["base"]["constant_answer_rate"] > summary["base"]["success_rate"] == 0
+    assert "WARNING: the best constant answer" in proc.stdout and "distinct answers" in summary["start_warning"]
 
     def entries(name):
         rows = [json.loads(line) for line in (run / name).read_text().splitlines()]

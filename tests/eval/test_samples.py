@@ -139,3 +139,18 @@ def test_a_summary_names_the_best_constant_answer_and_a_policy_that_always_gives
     assert "always" not in format_summary("[env] trained", varied)
     no_refs = summarize([_rollout(1, "4"), _rollout(0, "5")])  # an env that names no reference
     assert "constant_answer_rate" not in no_refs and "best constant answer" not in format_summary("x", no_refs)
+
+
+def test_a_start_that_a_constant_answer_matches_is_named_before_rl():
+    """Found in the held-out study: the two tasks whose best constant answer scored at least what the start of RL
+    scored on the test instances (gcd 2-99: '3' 20.3% against 20.3%; letter_counting: '1' 70.3% against 15.6%)
+    collapsed onto one answer under GRPO; the three whose constant answer scored less (chain_sum, basic_arithmetic,
+    products: 6.2% against 12.5%) learned. The start's summary now warns before RL, and names nothing otherwise."""
+    from ludic.eval.samples import constant_answer_warning
+
+    gcd = {"success_rate": 0.203125, "constant_answer": "3", "constant_answer_rate": 0.203125, "problems": 64}
+    text = constant_answer_warning(gcd)
+    assert "'3'" in text and "20.3%" in text and "distinct answers" in text
+    assert constant_answer_warning({**gcd, "success_rate": 0.125, "constant_answer_rate": 0.0625}) == ""
+    assert constant_answer_warning({"success_rate": 0.0, "problems": 64}) == ""  # no references: nothing to say
+    assert constant_answer_warning({**gcd, "success_rate": 0.0, "constant_answer_rate": 0.0}) == ""

@@ -178,6 +178,22 @@ def format_answer_spread(m: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def constant_answer_warning(m: dict[str, Any]) -> str:
+    """A warning (or "") when the best constant answer scores at least what the policy scores on these test
+    instances: said of the start of RL, GRPO's nearest way up is that answer to every question, not the task. In the
+    held-out study (docs/study.md, fp32) both tasks where this held collapsed onto one answer (gcd 2-99,
+    letter_counting) and the three where it did not learned; a warning, not a verdict (gcd 2-99 in bf16 learned past
+    the constant answer at seed 2)."""
+    rate = m.get("constant_answer_rate", 0.0)
+    if rate <= 0 or rate < m.get("success_rate", 0.0):
+        return ""
+    return (f"WARNING: the best constant answer ({m['constant_answer']!r}) scores {rate * 100:.1f}% on these "
+            f"{m.get('problems', '?')} test instances, at least the policy's {m.get('success_rate', 0.0) * 100:.1f}%: "
+            "GRPO can raise the reward by giving it to every question (letter_counting did, and gcd 2-99 in "
+            "fp32; docs/troubleshooting.md): compare the result with that score and check the trained policy's "
+            "distinct answers")
+
+
 SAMPLE_METRICS = ("pass@", "cons@", "mixed@")
 """The summary's metrics that exist only with several samples per problem (names start with these)."""
 

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ludic.errors import TrainingStopped, UsageError
-from ludic.eval.samples import expand_samples
+from ludic.eval.samples import constant_answer_warning, expand_samples
 from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock, kept_summary, load_policy_for
 from ludic.recipes.common import StepBudget, default_run_dir, machine, may_evaluate, train_until_stop
 from ludic.recipes.env_setup import (INSTANCES_FILE, EnvConfig, TrainingSeeds, env_metrics, eval_requests,
@@ -318,6 +318,10 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
                                    seed=cfg.seed, publisher=InProcessPublisher(engine))
                 if held_out:
                     await evaluate("format_demos")
+        rl_start = results.get("format_demos") or results.get("base")  # the start of RL on the test instances
+        if rl_start and (warning := constant_answer_warning(rl_start)):
+            results["start_warning"] = warning
+            print(f"[env] {warning}", flush=True)
         if budget is not None:
             # the end repeats the base's test evaluations for the trained policy (not the cold start's), and a
             # two-player run adds two against the league snapshot (trained and base)
