@@ -53,6 +53,7 @@ def test_train_env_on_a_reasoning_gym_task_and_eval_env_on_its_adapter(tiny_mode
                  "--max-completion-tokens", "8", "--dtype", "float32", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "success" in proc.stdout and len(out.read_text().splitlines()) == 4
+    assert "WARNING: the best constant answer" in proc.stdout  # the screen's question: does a constant answer match it?
 
 
 @pytest.mark.slow

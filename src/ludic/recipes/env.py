@@ -470,6 +470,8 @@ async def _eval_env(cfg: EvalEnvConfig) -> dict[str, Any]:
                                                        cfg.samples), out, desc="eval env")
     m["instances"] = trained_overlap(held, cfg.adapter)
     print(format_summary(f"{cfg.env.env}" + (" vs the base model" if frozen else ""), m))
+    if warning := constant_answer_warning(m):  # a screen's question: would GRPO from here rather learn one answer?
+        print(warning, flush=True)
     if frozen is not None:  # the opponents it may never have trained against (eval.opponents)
         suite = opponent_suite(cfg.env, env, engine, tok, [seed for seed, _ in held.test], sampling, seed=cfg.seed)
         for name, (opp_protos, reqs) in suite.items():
