@@ -203,3 +203,20 @@ def test_the_last_steps_checkpoint_holds_that_steps_weights_after_keep_best(tiny
     again, _, resumed = vowel_grpo_trainer(tiny_model_dir, tmp_path, TrainerConfig(lr=5e-2))
     assert resumed.resume() and resumed.step == 2
     assert _same(_lora(again), seen[2]) and resumed.best["step"] == 0
+
+
+def test_a_no_signal_stop_after_a_collapse_onto_one_answer_says_so():
+    """Found on gcd 2-99 (bf16, seeds 0 and 1): validation rose from 9.4% to 31.2% because the policy answered 1 to
+    every question, and the stop said "The run learned, then lost its signal". It still ends on the kept step, not as
+    a failure, but the message now names the one answer and the share of episodes that gave it."""
+    from ludic.training.signal import learned_before_no_signal
+
+    stopped = {"reason": "no_signal", "failed": True, "step": 84, "message": "10 steps in a row had no learning signal"}
+    best = {"step": 84, "metric": "success_rate", "value": 0.3125, "start": {"step": 0, "value": 0.09375},
+            "eval": {"success_rate": 0.3125, "top_answer": "1", "top_answer_share": 1.0, "distinct_answers": 1}}
+    out = learned_before_no_signal(stopped, best, "success_rate")
+    assert not out["failed"] and out["collapsed"] and "'1'" in out["message"] and "100%" in out["message"]
+    assert "then lost its signal" not in out["message"]
+    spread = {**best, "eval": {**best["eval"], "top_answer_share": 0.4, "distinct_answers": 9}}
+    out = learned_before_no_signal(stopped, spread, "success_rate")
+    assert "learned, then lost its signal" in out["message"] and "collapsed" not in out

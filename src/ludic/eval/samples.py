@@ -39,6 +39,7 @@ from typing import Any, Sequence
 from ludic.errors import UsageError
 from ludic.eval.stats import Z95, mean_interval, pass_at_k, pass_ks
 from ludic.rollouts.engine import episode_success
+from ludic.training.signal import COLLAPSED_SHARE
 from ludic.types import Rollout, RolloutRequest
 
 
@@ -162,8 +163,6 @@ def answer_spread(outcomes: Sequence[SampleOutcome]) -> dict[str, Any]:
     return out
 
 
-COLLAPSED_SHARE = 0.9
-"""``format_answer_spread`` warns when at least this share of the samples gave the same answer."""
 
 
 def format_answer_spread(m: dict[str, Any]) -> str:

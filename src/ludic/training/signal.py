@@ -114,6 +114,11 @@ def stop_record(exc: BaseException, step: int) -> dict[str, Any]:
     return {"reason": reason, "failed": failed, "step": step, "message": str(exc) or type(exc).__name__}
 
 
+COLLAPSED_SHARE = 0.9
+"""A policy whose evaluation gave one answer in at least this share of its episodes has collapsed onto that answer
+(a validation score that rose so is the answers' base rate, likely not the task); ``eval.samples`` warns by it too."""
+
+
 def learned_before_no_signal(stopped: dict[str, Any], best: dict[str, Any], keep_best: str) -> dict[str, Any]:
     """``stopped`` (``stop_record``) as a success when it is a no-signal stop after keep-best (``keep_best``, its
     record ``best``) kept a step better than the start (``best["start"]``): the policy learned, then its groups
@@ -124,7 +129,13 @@ def learned_before_no_signal(stopped: dict[str, Any], best: dict[str, Any], keep
     start = best.get("start")
     if stopped["reason"] != "no_signal" or not keep_best or start is None or better(keep_best, start["value"], best):
         return stopped  # the start ties or beats the kept step (the start itself, when nothing beat it)
-    kept = best["step"]
+    kept, ev = best["step"], best.get("eval") or {}
+    if ev.get("top_answer_share", 0.0) >= COLLAPSED_SHARE:  # the score rose by one answer to everything
+        return {**stopped, "failed": False, "learned": True, "collapsed": True, "message": (
+            f"The run's {best['metric']} rose to {best['value']:.4g} at step {kept} against {start['value']:.4g} at "
+            f"the start (step {start['step']}), with one answer ({ev.get('top_answer')!r}) in "
+            f"{ev['top_answer_share'] * 100:.0f}% of the validation episodes: the answers' base rate, likely not the "
+            f"task (compare with the best constant answer); it ends on step {kept}. " + stopped["message"])}
     return {**stopped, "failed": False, "learned": True, "message": (
         f"The run learned, then lost its signal: {best['metric']} {best['value']:.4g} at step {kept} against "
         f"{start['value']:.4g} at the start (step {start['step']}), so it ends on step {kept}, not as a failure. "
