@@ -163,8 +163,6 @@ def answer_spread(outcomes: Sequence[SampleOutcome]) -> dict[str, Any]:
     return out
 
 
-
-
 def format_answer_spread(m: dict[str, Any]) -> str:
     """The best constant answer's score and a policy that (almost) always gives one answer, as text (or "")."""
     parts = []

@@ -130,13 +130,15 @@ def learned_before_no_signal(stopped: dict[str, Any], best: dict[str, Any], keep
     if stopped["reason"] != "no_signal" or not keep_best or start is None or better(keep_best, start["value"], best):
         return stopped  # the start ties or beats the kept step (the start itself, when nothing beat it)
     kept, ev = best["step"], best.get("eval") or {}
-    if ev.get("top_answer_share", 0.0) >= COLLAPSED_SHARE:  # the score rose by one answer to everything
-        return {**stopped, "failed": False, "learned": True, "collapsed": True, "message": (
-            f"The run's {best['metric']} rose to {best['value']:.4g} at step {kept} against {start['value']:.4g} at "
-            f"the start (step {start['step']}), with one answer ({ev.get('top_answer')!r}) in "
-            f"{ev['top_answer_share'] * 100:.0f}% of the validation episodes: the answers' base rate, likely not the "
-            f"task (compare with the best constant answer); it ends on step {kept}. " + stopped["message"])}
-    return {**stopped, "failed": False, "learned": True, "message": (
-        f"The run learned, then lost its signal: {best['metric']} {best['value']:.4g} at step {kept} against "
-        f"{start['value']:.4g} at the start (step {start['step']}), so it ends on step {kept}, not as a failure. "
-        + stopped["message"])}
+    collapsed = ev.get("top_answer_share", 0.0) >= COLLAPSED_SHARE  # the score rose by one answer to everything
+    if collapsed:
+        head = (f"The run's {best['metric']} rose to {best['value']:.4g} at step {kept} against {start['value']:.4g} "
+                f"at the start (step {start['step']}), with one answer ({ev.get('top_answer')!r}) in "
+                f"{ev['top_answer_share'] * 100:.0f}% of the validation episodes: the answers' base rate, likely not "
+                f"the task (compare with the best constant answer); it ends on step {kept}. ")
+    else:
+        head = (f"The run learned, then lost its signal: {best['metric']} {best['value']:.4g} at step {kept} against "
+                f"{start['value']:.4g} at the start (step {start['step']}), so it ends on step {kept}, not as a "
+                "failure. ")
+    return {**stopped, "failed": False, "learned": True, **({"collapsed": True} if collapsed else {}),
+            "message": head + stopped["message"]}
