@@ -130,3 +130,17 @@ def test_run_dir_and_policy_helpers(tmp_path, monkeypatch):
         "m", "a", "float32", "cpu", 3, 4)
     blocks.load_policy_for(cfg, model="other", adapter=None)
     assert (seen["name"], seen["adapter"]) == ("other", None)
+
+
+def test_the_entropy_bonus_is_a_flag_of_every_grpo_command_and_reaches_the_loss():
+    """``LossConfig.entropy_coef`` (a bonus against collapsing onto one answer) had no flag: ``ludic train env``
+    could not ask for it, though ``algorithm_for`` reads it from a run config."""
+    from ludic.recipes.env import TrainEnvConfig
+    from ludic.recipes.qa import TrainQAConfig
+    from ludic.training.algorithms import algorithm_for
+
+    for cls in (TrainEnvConfig, TrainQAConfig):
+        cfg = parse_config(cls, ["--entropy-coef", "0.01", "--kl-coef", "0.1"])
+        loss = algorithm_for(cfg).loss
+        assert (loss.entropy_coef, loss.kl_coef, loss.needs_entropy) == (0.01, 0.1, True)
+        assert algorithm_for(cls()).loss.entropy_coef == 0.0  # off by default

@@ -91,6 +91,9 @@ class GRPOBlock:
     """grpo, dr_grpo, dapo, gspo, cispo, rloo, reinforce, reinforce_baseline."""
     kl_coef: float = 0.0
     """KL penalty to the starting policy (the adapter switched off; a frozen copy for full fine-tuning)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: the loss subtracts this times the policy's mean per-token entropy (over the whole vocabulary),
+    against a collapse onto one answer; 0 is off (docs/troubleshooting.md)."""
 
 
 @dataclass
