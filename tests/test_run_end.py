@@ -5,6 +5,7 @@ float32 rounding), for ``ludic train env``, ``train qa`` and ``train games``; ru
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -122,6 +123,47 @@ def test_train_games_killed_and_resumed_equals_the_uninterrupted_run(tiny_model_
     _kill_and_resume(tmp_path, "train", "games", "--games", "kuhn_poker", "--model", str(tiny_model_dir),
                      "--episodes-per-update", "4", "--eval-every", "1", "--max-no-signal-steps", "0",
                      "--logger", "none", "--dtype", "float32")
+
+
+# ------------------------------------------------------------------------------------------------ SIGTERM
+
+
+def _steps_logged(run: Path) -> int:
+    try:
+        return max((json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()), default=0)
+    except (OSError, ValueError):  # not written yet, or a line half written
+        return 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sigint", ["handled", "ignored"])
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_keeps_its_results(tiny_model_dir, tmp_path, sigint):
+    """Was: SIGTERM (``kill``, ``timeout``, Slurm's time limit, a Kubernetes eviction) ended a run at once: no
+    summary, no final weights, nothing since the last checkpoint. Now the ``ludic`` command stops the run as Ctrl-C
+    does (checkpoint, final weights, summary with ``stopped``) and exits 143 (128 + SIGTERM). ``ignored``: a run
+    started in the background of a script, whose SIGINT is ignored, so asyncio's Ctrl-C handler is not there."""
+    from ludic.training.checkpoint import latest_checkpoint
+
+    require("reasoning_gym")
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "ludic", "train", "env", "--env", "reasoning_gym:gcd", "--model", str(tiny_model_dir),
+           "--train-steps", "5000", "--eval-episodes", "2", "--val-episodes", "2", "--eval-every", "10000",
+           "--max-completion-tokens", "6", "--max-no-signal-steps", "0", "--run-dir", str(run), *TINY]
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint == "ignored" else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ignore)
+    deadline = time.monotonic() + 600
+    while _steps_logged(run) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, out[-2000:] + err[-3000:]
+    assert "stopped by SIGTERM" in err and "Traceback" not in err, err[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    stopped = summary["stopped"]
+    assert stopped["reason"] == "interrupted" and stopped["failed"] and "SIGTERM" in stopped["message"]
+    assert 2 <= stopped["step"] < 5000 and (run / "final" / "adapter_config.json").exists()
+    assert latest_checkpoint(run / "checkpoints").name == f"step_{stopped['step']:06d}"  # a resume starts there
 
 
 # ------------------------------------------------------------------------------------------ run directories

@@ -284,10 +284,54 @@ COMMANDS: dict[tuple[str, ...], Callable[[list[str]], None]] = {
 }
 
 
+def _main_task(frame: Any) -> Any:
+    """``asyncio.run``'s main task, found in the frames a signal interrupted (``asyncio.runners.Runner.run``
+    holds it as ``task``, Python 3.11-3.13); None outside an event loop."""
+    import asyncio
+
+    while frame is not None:
+        if frame.f_code.co_name == "run" and frame.f_globals.get("__name__") == "asyncio.runners":
+            task = frame.f_locals.get("task")
+            if isinstance(task, asyncio.Task):
+                return task
+        frame = frame.f_back
+    return None
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM stop a run as Ctrl-C does: a scheduler (Slurm's time limit, a Kubernetes eviction) or ``kill``
+    then leaves a checkpoint of the step it stopped on, the final weights and ``summary.json``, not a dead process.
+    Inside ``asyncio.run`` the handler cancels the main task, as asyncio's own Ctrl-C handler does (an exception
+    raised from a signal handler could land in any task: the engine's, say); outside it (loading the model) it
+    raises ``errors.Terminated``. Whether SIGINT is handled or ignored (a run started in a script's background)
+    does not matter. A second SIGTERM kills at once. The main thread only (signals are delivered there)."""
+    import signal
+    import threading
+
+    from ludic import errors
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM is not asked twice
+        errors.TERMINATED_BY = "SIGTERM"
+        task = _main_task(frame)
+        if task is None or task.done():
+            raise errors.Terminated("SIGTERM")
+        task.cancel(msg="SIGTERM")
+        task.get_loop().call_soon_threadsafe(lambda: None)  # wake a loop waiting in select()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def main(argv: list[str] | None = None) -> None:
+    """The ``ludic`` command. Run from the command line (``argv`` None) SIGTERM stops a run as Ctrl-C does
+    (``stop_on_sigterm``); a caller passing ``argv`` keeps its own signal handlers."""
+    if argv is None:
+        stop_on_sigterm()
     argv = list(sys.argv[1:] if argv is None else argv)
     for n in (2, 1):
         if tuple(argv[:n]) in COMMANDS:
+            from ludic import errors
             from ludic.errors import TrainingStopped, UsageError
 
             try:
@@ -298,6 +342,13 @@ def main(argv: list[str] | None = None) -> None:
             except TrainingStopped as e:  # a failed run, its results saved: why, no traceback
                 print(f"ludic {' '.join(argv[:n])}: the run failed ({e.reason}): {e}", file=sys.stderr)
                 raise SystemExit(3) from None
+            except BaseException as e:  # noqa: B036  (after a SIGTERM: the Ctrl-C or cancellation it became)
+                if not errors.TERMINATED_BY or isinstance(e, SystemExit):
+                    raise
+                print(f"ludic {' '.join(argv[:n])}: stopped by {errors.TERMINATED_BY} ({type(e).__name__}); what the "
+                      "run saved on its way out (checkpoint, final weights, summary.json) is in its run directory",
+                      file=sys.stderr)
+                raise SystemExit(143) from None
             return
     print(__doc__)
     print("commands: " + ", ".join(" ".join(k) for k in COMMANDS))

@@ -50,6 +50,16 @@ class TrainingStopped(RuntimeError):
         self.reason, self.failed, self.metrics = reason, failed, dict(metrics or {})
 
 
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM (``kill``, ``timeout``, a scheduler's time limit or eviction: Slurm, Kubernetes) under the
+    ``ludic`` command: the run stops as after Ctrl-C (checkpoint, final weights and ``summary.json`` saved, its
+    ``stopped`` record saying SIGTERM), then the command exits 143. ``cli.stop_on_sigterm`` installs it."""
+
+
+TERMINATED_BY: str | None = None
+"""The signal's name once one stopped the command (``cli.stop_on_sigterm``); the trainer's stop record names it."""
+
+
 class EpisodeError(Exception):
     """An exception raised in one stage of an episode (the original is ``cause``)."""
 
