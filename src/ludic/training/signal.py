@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ludic.distributed import reduce_floats
 from ludic import errors
+from ludic.distributed import reduce_floats
 from ludic.errors import TrainingStopped
 from ludic.training.keep_best import better
 from ludic.types import SAWItem
@@ -110,13 +110,12 @@ def stop_record(exc: BaseException, step: int) -> dict[str, Any]:
         reason, failed = exc.reason, exc.failed
     elif isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError)):
         reason, failed = "interrupted", True
-        if errors.TERMINATED_BY:  # a Ctrl-C's path, taken for a scheduler's stop
-            return {"reason": reason, "failed": failed, "step": step,
-                    "message": f"stopped by {errors.TERMINATED_BY} at step {step} (kill, a scheduler's time limit or "
-                               "eviction); the run resumes from its checkpoint of this step"}
     else:
         reason, failed = "error", True
-    return {"reason": reason, "failed": failed, "step": step, "message": str(exc) or type(exc).__name__}
+    message = str(exc) or type(exc).__name__
+    if reason == "interrupted" and errors.TERMINATED_BY:  # a Ctrl-C's path, taken for a scheduler's stop
+        message = f"stopped by {errors.TERMINATED_BY} at step {step} (kill, a scheduler's time limit or eviction)"
+    return {"reason": reason, "failed": failed, "step": step, "message": message}
 
 
 COLLAPSED_SHARE = 0.9
