@@ -3,8 +3,9 @@ resident set size (``ru_maxrss`` of the child: the peak is process-wide and only
 
     python benchmarks/bench_memory.py [--steps 2] [--dtype auto] [--only chain_sum,tool,kuhn] [--old-budget]
 
-Workloads (the packaged SmolLM2-135M-Instruct with LoRA r16 and the commands' defaults: 4 seeds x groups of 8,
-32 episodes a step; no evaluation; one thread per process, so a busy machine slows it less):
+Workloads (the packaged SmolLM2-135M-Instruct with LoRA r16 and the commands' defaults: groups of 8 on 8 seeds a
+step for ``train env`` (64 episodes; 4 seeds before 2026-12-01) and 4 for ``train qa``; no evaluation; one thread
+per process, so a busy machine slows it less):
 
     chain_sum  ludic train env --env reasoning_gym:chain_sum (2-3 terms of 1-2 digits): one turn, short replies
     tool       ludic train qa --data arith --tools --max-completion-tokens 32: the calculator ToolAgent, up to
