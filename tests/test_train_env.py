@@ -208,15 +208,14 @@ def test_the_format_cold_start_can_pass_over_its_demos_more_than_once():
 
 def test_train_env_samples_8_prompts_a_step_by_default_and_the_other_grpo_commands_keep_4():
     """The held-out study (docs/study.md, "The defaults, measured"): with 4 prompts a step gcd 2-99 learned at 1 of 3
-    seeds in bf16 and 0 of 3 in fp32 (collapsing toward one answer); with 8 it learned at 3 of 3 in bf16 (0 of 1 in fp32), and
-    chain_sum and products ended 3-5 points higher. The change is ``ludic train env``'s (and ``ludic.train``'s), the commands it was measured on;
-    ``train qa`` and ``train prompts`` keep the block's 4."""
+    seeds in bf16 and 0 of 3 in fp32 (collapsing toward one answer); with 8 it learned at 3 of 3 in bf16 (0 of 2 in
+    fp32), and chain_sum and products ended 3-5 points higher. The change is ``ludic train env``'s (and
+    ``ludic.train``'s), the commands it was measured on; ``train qa`` and ``train prompts`` keep the block's 4."""
+    from ludic.config import parse_config
     from ludic.recipes.blocks import GRPOBlock
     from ludic.recipes.env import TrainEnvConfig
     from ludic.recipes.env_pipeline import EnvPipelineConfig
     from ludic.recipes.qa import TrainQAConfig
-
-    from ludic.config import parse_config
 
     assert TrainEnvConfig().prompts_per_step == 8
     assert parse_config(TrainEnvConfig, ["--env", "reasoning_gym:gcd"]).prompts_per_step == 8  # the command line

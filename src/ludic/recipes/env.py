@@ -99,8 +99,8 @@ class TrainEnvConfig(ModelBlock, LoraBlock, GRPOBlock, TrainRunBlock):
     prompts_per_step: int = 8
     """Prompts (env seeds) per step, each sampled group_size times. 8, not the block's 4: in 30-minute runs of the
     held-out study 4 left reasoning-gym gcd 2-99 collapsing toward one answer (it learned at 1 of 3 seeds in bf16,
-    0 of 3 in fp32) and 8 learned it at 3 of 3 in bf16 (0 of 1 in fp32); chain_sum and products ended 3-5 points higher at one
-    seed each (docs/study.md, "The defaults, measured")."""
+    0 of 3 in fp32) and 8 learned it at 3 of 3 in bf16 (0 of 2 in fp32); chain_sum and products ended 3-5 points
+    higher at one seed each (docs/study.md, "The defaults, measured")."""
 
 
 @dataclass
