@@ -215,9 +215,10 @@ def test_train_env_samples_8_prompts_a_step_by_default_and_the_other_grpo_comman
     from ludic.recipes.blocks import GRPOBlock
     from ludic.recipes.env import TrainEnvConfig
     from ludic.recipes.env_pipeline import EnvPipelineConfig
+    from ludic.recipes.grpo_prompts import TrainPromptsConfig
     from ludic.recipes.qa import TrainQAConfig
 
     assert TrainEnvConfig().prompts_per_step == 8
     assert parse_config(TrainEnvConfig, ["--env", "reasoning_gym:gcd"]).prompts_per_step == 8  # the command line
     assert EnvPipelineConfig().prompts_per_step == 8  # the same recipe, split into actors and a learner
-    assert GRPOBlock().prompts_per_step == TrainQAConfig().prompts_per_step == 4
+    assert GRPOBlock().prompts_per_step == TrainQAConfig().prompts_per_step == TrainPromptsConfig().prompts_per_step == 4
