@@ -3,11 +3,13 @@ where the game lists its legal moves, the game package's own bot, a league snaps
 invalid move or forfeit reported apart from wins in play."""
 
 import asyncio
+import json
 
 import pytest
 from conftest import require
 
 import ludic
+from ludic.errors import TrainingStopped
 from ludic.eval.opponents import legal_moves, random_legal_reply
 
 
@@ -57,6 +59,28 @@ def test_a_two_player_run_is_measured_against_opponents_it_never_trained_against
     assert set(opp["league"]) == {"base", "trained"} and (run / "league_snapshot" / "adapter_config.json").exists()
     assert all("forfeit_win_rate" in m and "play_win_rate" in m for o in opp.values() for m in o.values())
     assert (run / "eval_trained_vs_random.jsonl").exists() and out.results["trained"]["episodes"] == 4
+    assert out.results["league_snapshot"] == {"step": 1, "steps_run": 2, "how": "half the 2 steps"}
+
+
+@pytest.mark.slow
+def test_a_two_player_run_that_stops_before_half_its_steps_still_meets_a_league_snapshot(tiny_model_dir, tmp_path):
+    """A run that stops early (here: no learning signal for 3 steps of a 40-step run, before the halfway
+    snapshot) is measured against the snapshot nearest half the steps it ran (kept at steps 1, 2, 4, ...), and
+    says which step that was; the candidates are cleared once the snapshot is chosen."""
+    require("textarena")
+    run = tmp_path / "run"
+    with pytest.raises(TrainingStopped):  # a failure (it never learned), whose summary is kept
+        ludic.train("textarena:KuhnPoker-v0", model=str(tiny_model_dir), run_dir=str(run), train_steps=40,
+                    env_kwargs={"max_rounds": 1}, opponent="frozen", eval_episodes=4, val_episodes=2,
+                    group_size=2, prompts_per_step=2, logger="none", dtype="float32", max_completion_tokens=6,
+                    max_no_signal_steps=3)
+    results = json.loads((run / "summary.json").read_text())
+    assert results["stopped"]["step"] == 3, results["stopped"]  # the tiny model's replies are all invalid
+    opp = results["opponents"]
+    assert set(opp["league"]) == {"base", "trained"}
+    snap = results["league_snapshot"]
+    assert snap["step"] in (1, 2) and snap["steps_run"] == 3 and "stopped" in snap["how"], snap
+    assert (run / "league_snapshot" / "adapter_config.json").exists() and not (run / "league_candidates").exists()
 
 
 @pytest.mark.slow

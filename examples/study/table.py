@@ -200,7 +200,9 @@ def main(root: Path) -> None:
         print("| opponent | base | trained |")
         print("|---|---|---|")
         rows = [("frozen start (trained against)", s["base"], s["trained"])]
-        rows += [(name, st.get("base"), st.get("trained")) for name, st in s["opponents"].items()]
+        snap = s.get("league_snapshot") or {}
+        rows += [(f"league snapshot (step {snap['step']} of {snap['steps_run']})" if name == "league" and snap.get("step")
+                  else name, st.get("base"), st.get("trained")) for name, st in s["opponents"].items()]
         for name, b, t in rows:
             print(f"| {name} | {wins(b)} | {wins(t)} |")
     with_refs = [(task, seed, *answers[task, seed], s) for task, seed, s in runs

@@ -48,16 +48,15 @@ from ludic.errors import TrainingStopped, UsageError
 from ludic.eval.samples import constant_answer_warning, expand_samples
 from ludic.recipes.blocks import GRPOBlock, LoraBlock, ModelBlock, TrainRunBlock, kept_summary, load_policy_for
 from ludic.recipes.common import StepBudget, default_run_dir, machine, may_evaluate, train_until_stop
-from ludic.recipes.env_setup import (INSTANCES_FILE, EnvConfig, TrainingSeeds, env_metrics, eval_requests,
-                                     evaluate_episodes, format_summary, held_out_for, opponent_suite, probe_env,
-                                     protocols, register_python_env, tool_spec, trained_overlap, write_instances)
+from ludic.recipes.env_setup import (INSTANCES_FILE, EnvConfig, HalfwaySnapshot, TrainingSeeds, env_metrics,
+                                     eval_requests, evaluate_episodes, format_summary, held_out_for, opponent_suite,
+                                     probe_env, protocols, register_python_env, tool_spec, trained_overlap,
+                                     write_instances)
 from ludic.recipes.format_demos import format_demo_items
 from ludic.training.config import TrainerConfig
 
 PARTIAL_FILE = "summary.partial.json"
 """The results so far (each test stage as it is measured): a resumed run's summary keeps its earlier stages."""
-LEAGUE_DIR = "league_snapshot"
-"""Two-player envs: the adapter of the policy halfway through training, an evaluation opponent it never faced."""
 
 
 @dataclass
@@ -205,7 +204,6 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     from ludic.inference.transformers_engine import TransformersEngine
     from ludic.training.algorithms import algorithm_for
     from ludic.training.loggers import logger_names, make_logger
-    from ludic.training.reference import frozen_copy
     from ludic.training.trainer import Trainer
 
     logger_names(cfg.logger)
@@ -255,7 +253,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
             (run_dir / PARTIAL_FILE).write_text(json.dumps(results))  # a resumed run keeps its earlier stages
         return m
 
-    league: list[Any] = []
+    league = HalfwaySnapshot(run_dir) if frozen is not None else None
     """Two-player envs: the policy's snapshot halfway through training (an opponent it never faced)."""
 
     async def versus(stage: str, policy: Any, only: str = "") -> None:
@@ -263,7 +261,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
         ``results["opponents"][name][stage]``."""
         greedy = SamplingParams(temperature=0.0, max_tokens=cfg.env.max_completion_tokens)
         suite = opponent_suite(cfg.env, env, policy, tok, [seed for seed, _ in held.test], greedy,
-                               league=league[0] if league else None, seed=cfg.seed)
+                               league=league.opponent(model, tok) if league is not None else None, seed=cfg.seed)
         for name, (protos, reqs) in suite.items():
             if only and name != only:
                 continue
@@ -276,11 +274,11 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
 
     async def on_step(step: int, metrics: dict[str, Any]) -> None:
         """The league snapshot halfway through; under a budget, validation by the clock and the stop."""
-        half = ((budget is not None and budget.spent() >= budget.budget_s / 2)
-                or (cfg.train_steps > 0 and step >= max(1, cfg.train_steps // 2)))  # whichever ends the run first
-        if frozen is not None and not league and half:
-            model.save_pretrained(str(run_dir / LEAGUE_DIR))
-            league.append(TransformersEngine(frozen_copy(model, share_frozen=True), tok))  # the base shared
+        if league is not None:  # half the budget or half the steps, whichever ends the run first
+            by_time = budget is not None and budget.spent() >= budget.budget_s / 2
+            by_steps = 0 < cfg.train_steps and step >= max(1, cfg.train_steps // 2)
+            league.on_step(model, step, f"half the {cfg.budget_minutes:g}-minute budget" if by_time
+                           else f"half the {cfg.train_steps} steps" if by_steps else "")
         if budget is None:
             return
         if validation and by_clock and budget.eval_due():
@@ -302,8 +300,6 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     try:
         if cfg.resume and trainer.resume():
             results.update(_resumed_stages(run_dir))
-            if frozen is not None and (run_dir / LEAGUE_DIR).exists():
-                league.append(TransformersEngine(load_policy_for(cfg, adapter=str(run_dir / LEAGUE_DIR), lora=None)[0], tok))
         if trainer.step == 0:
             if held_out:
                 await evaluate("base")
@@ -347,9 +343,11 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
             results["kept"], results["last_val"] = kept_summary(trainer.best, len(validation)), trainer.best["last_eval"]
         if held_out and may_evaluate(failure):
             await evaluate("trained")
-            if frozen is not None:
+            if league is not None:
+                league.at_stop(trainer.step)  # a run that stopped before its halfway snapshot
+                results["league_snapshot"] = league.record
                 await versus("trained", engine)
-                if league:  # the start against the same snapshot
+                if league.taken():  # the start against the same snapshot
                     await versus("base", frozen, only="league")
         if cfg.final_save or failure is not None:  # a stopped run keeps a loadable final (its best weights)
             trainer.save()

@@ -373,6 +373,82 @@ def opponent_suite(opts: EnvConfig, env: Any, policy: Any, tok: Any, seeds: Sequ
     return out
 
 
+LEAGUE_DIR = "league_snapshot"
+"""Two-player envs: the adapter of the policy halfway through training, an evaluation opponent it never faced."""
+
+
+class HalfwaySnapshot:
+    """Two-player runs: the ``league`` opponent of the closing evaluation, the policy as it was halfway through
+    training (a policy no training episode faced under ``--opponent frozen``), saved in ``<run>/league_snapshot/``.
+
+    ``on_step`` takes it once half the budget or the steps have passed (``how`` says which); until then it keeps
+    candidates at steps 1, 2, 4, 8, ... (``<run>/league_candidates/``, a ``League``), so a run that stops earlier
+    (saturated, no signal) takes ``at_stop`` the candidate nearest half the steps it ran, and says so. ``record``
+    (``{"step", "steps_run", "how"}``) goes into the summary; it is kept beside the weights, so a resumed run has it.
+    """
+
+    INFO = "ludic_snapshot.json"
+
+    def __init__(self, run_dir: Path) -> None:
+        from ludic.training.league import League
+
+        self.dir, self.engine = run_dir / LEAGUE_DIR, None  # the engine: built on first use (``opponent``)
+        self.candidates = League(run_dir / "league_candidates", max_size=64, every=0)
+        self.record: dict[str, Any] = json.loads((self.dir / self.INFO).read_text()) if self.taken() else {}
+
+    def taken(self) -> bool:  # the record is written last, with the weights
+        return (self.dir / self.INFO).exists()
+
+    def _keep(self, folder: Path, record: dict[str, Any]) -> None:
+        import shutil
+
+        tmp = self.dir.with_name(f".tmp_{self.dir.name}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(folder, tmp)
+        (tmp / self.INFO).write_text(json.dumps(record))
+        shutil.rmtree(self.dir, ignore_errors=True)
+        tmp.rename(self.dir)
+        shutil.rmtree(self.candidates.root, ignore_errors=True)
+        self.record = record
+
+    def on_step(self, model: Any, step: int, half: str) -> None:
+        """After optimizer step ``step``: ``half`` (why it is half way: "half the 30-minute budget", ...) or ""."""
+        if self.taken():
+            return
+        if half or step & (step - 1) == 0:  # a power of two: a candidate
+            snap = self.candidates.add(model, step)
+            if half:
+                self._keep(snap.path, {"step": step, "how": half})
+
+    def at_stop(self, steps_run: int) -> None:
+        """A run that ends before its halfway snapshot: the candidate nearest half of ``steps_run`` (ties: the
+        later); none when it stopped before its first candidate."""
+        if self.taken():
+            self.record["steps_run"] = steps_run
+        elif not self.candidates.snapshots:
+            self.record = {"step": None, "steps_run": steps_run, "how": f"stopped after {steps_run} steps, before "
+                           "its first snapshot (step 1): no league opponent"}
+        else:
+            snap = min(self.candidates.snapshots, key=lambda s: (abs(s.step - steps_run / 2), -s.step))
+            self._keep(snap.path, {"step": snap.step, "steps_run": steps_run, "how": f"stopped after {steps_run} "
+                                   "steps, before half its run: the snapshot nearest half the steps it ran"})
+            print(f"[env] league snapshot: step {snap.step} of {steps_run} (the run stopped before half its run)",
+                  flush=True)
+
+    def opponent(self, model: Any, tok: Any) -> Any:
+        """An engine playing the snapshot (None before it is taken): a frozen copy of ``model`` sharing its base
+        weights, with the snapshot's loaded."""
+        if self.engine is None and self.taken():
+            from ludic.inference.transformers_engine import TransformersEngine
+            from ludic.training.checkpoint import load_model_weights
+            from ludic.training.reference import frozen_copy
+
+            copy = frozen_copy(model, share_frozen=True)
+            load_model_weights(copy, self.dir)
+            self.engine = TransformersEngine(copy, tok)
+        return self.engine
+
+
 class TrainingSeeds:
     """Each step's requests: ``prompts_per_step`` training seeds (below ``EVAL_SEED_BASE``), none of whose instances
     is held out (``held.excludes``: the test and validation instances, where the space has room), and for a frozen
