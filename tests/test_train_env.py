@@ -101,6 +101,8 @@ def test_a_resumed_train_env_run_draws_the_seeds_the_uninterrupted_run_would(tin
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert len(set(seeds(whole))) == 4  # 2 steps x 2 seeds (groups of 2 share one)
     assert sorted(seeds(cut)) == sorted(seeds(whole))
+    # was: silent, so a command rerun in a kept run dir continued an old run (a study row from a set-aside run)
+    assert f"resumed from step 1 in {cut}" in proc.stdout and "--no-resume" in proc.stdout
 
 
 @pytest.mark.slow

@@ -300,6 +300,9 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     try:
         if cfg.resume and trainer.resume():
             results.update(_resumed_stages(run_dir))
+            print(f"[env] resumed from step {trainer.step} in {run_dir}"
+                  + (f" ({budget.spent() / 60:.1f} of its {cfg.budget_minutes:g} minutes spent)" if budget else "")
+                  + "; --no-resume starts over (the earlier run is moved aside)", flush=True)
         if trainer.step == 0:
             if held_out:
                 await evaluate("base")
