@@ -400,14 +400,12 @@ class HalfwaySnapshot:
         return (self.dir / self.INFO).exists()
 
     def _keep(self, folder: Path, record: dict[str, Any]) -> None:
+        """A candidate (written whole by ``League.add``) becomes the snapshot: moved, not copied; the rest go."""
         import shutil
 
-        tmp = self.dir.with_name(f".tmp_{self.dir.name}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(folder, tmp)
-        (tmp / self.INFO).write_text(json.dumps(record))
+        (folder / self.INFO).write_text(json.dumps(record))
         shutil.rmtree(self.dir, ignore_errors=True)
-        tmp.rename(self.dir)
+        folder.rename(self.dir)
         shutil.rmtree(self.candidates.root, ignore_errors=True)
         self.record = record
 
