@@ -154,3 +154,18 @@ def test_a_start_that_a_constant_answer_matches_is_named_before_rl():
     assert constant_answer_warning({**gcd, "success_rate": 0.125, "constant_answer_rate": 0.0625}) == ""
     assert constant_answer_warning({"success_rate": 0.0, "problems": 64}) == ""  # no references: nothing to say
     assert constant_answer_warning({**gcd, "success_rate": 0.0, "constant_answer_rate": 0.0}) == ""
+
+
+def test_a_summary_names_the_constant_answer_once_and_warns_when_it_matches_the_policy():
+    """Found reading `ludic eval env`'s console: with the start's warning the best constant answer's score was
+    printed twice, once in the summary and again in the warning line under it. The summary now carries the
+    warning in place of the plain score, and only when the constant answer scores at least the policy."""
+    from ludic.recipes.env_setup import format_summary
+
+    base = {"success_rate": 0.203125, "success_ci95_low": 0.1, "success_ci95_high": 0.3, "reward_mean": 0.2,
+            "reward_ci95_low": 0.1, "reward_ci95_high": 0.3, "episodes": 64, "turns_mean": 1.0, "failed_rate": 0.0,
+            "problems": 64, "constant_answer": "3", "constant_answer_rate": 0.203125}
+    warned = format_summary("gcd", base)
+    assert warned.count("best constant answer") == 1 and "WARNING" in warned and "distinct answers" in warned
+    plain = format_summary("gcd", {**base, "success_rate": 0.5})
+    assert plain.count("best constant answer") == 1 and "WARNING" not in plain

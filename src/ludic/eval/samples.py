@@ -164,9 +164,12 @@ def answer_spread(outcomes: Sequence[SampleOutcome]) -> dict[str, Any]:
 
 
 def format_answer_spread(m: dict[str, Any]) -> str:
-    """The best constant answer's score and a policy that (almost) always gives one answer, as text (or "")."""
+    """The best constant answer's score and a policy that (almost) always gives one answer, as text (or ""). When
+    the constant answer scores at least the policy, its score comes as ``constant_answer_warning``'s warning."""
     parts = []
-    if "constant_answer_rate" in m:
+    if warning := constant_answer_warning(m):
+        parts.append(warning)
+    elif "constant_answer_rate" in m:
         parts.append(f"the best constant answer ({m['constant_answer']!r}) scores {m['constant_answer_rate'] * 100:.1f}%"
                      f" on these {m['problems']} test instances")
     if m.get("top_answer_share", 0.0) >= COLLAPSED_SHARE and m.get("problems", 0) >= 8:

@@ -324,8 +324,7 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
                     await evaluate("format_demos")
         rl_start = results.get("format_demos") or results.get("base")  # the start of RL on the test instances
         if rl_start and (warning := constant_answer_warning(rl_start)):
-            results["start_warning"] = warning
-            print(f"[env] {warning}", flush=True)
+            results["start_warning"] = warning  # its console summary above said it (format_summary)
         if budget is not None:
             # the end repeats the base's test evaluations for the trained policy (not the cold start's), and a
             # two-player run adds two against the league snapshot (trained and base)
@@ -475,9 +474,8 @@ async def _eval_env(cfg: EvalEnvConfig) -> dict[str, Any]:
     m = await evaluate_episodes(protos, expand_samples(eval_requests(cfg.env, env, [seed for seed, _ in held.test]),
                                                        cfg.samples), out, desc="eval env")
     m["instances"] = trained_overlap(held, cfg.adapter)
+    # with the screen's question: would GRPO from here rather learn one answer? (constant_answer_warning)
     print(format_summary(f"{cfg.env.env}" + (" vs the base model" if frozen else ""), m))
-    if warning := constant_answer_warning(m):  # a screen's question: would GRPO from here rather learn one answer?
-        print(warning, flush=True)
     if frozen is not None:  # the opponents it may never have trained against (eval.opponents)
         suite = opponent_suite(cfg.env, env, engine, tok, [seed for seed, _ in held.test], sampling, seed=cfg.seed)
         for name, (opp_protos, reqs) in suite.items():
