@@ -83,6 +83,20 @@ def test_a_two_player_run_that_stops_before_half_its_steps_still_meets_a_league_
     assert (run / "league_snapshot" / "adapter_config.json").exists() and not (run / "league_candidates").exists()
 
 
+def test_a_resumed_run_with_its_league_snapshot_makes_no_candidates_folder(tmp_path):
+    """Found in the study's resumed runs: a run resumed after its halfway snapshot was taken left an empty
+    ``league_candidates/`` beside it (the candidates' League made its folder before the snapshot was looked for)."""
+    from ludic.recipes.env_setup import LEAGUE_DIR, HalfwaySnapshot
+
+    (tmp_path / LEAGUE_DIR).mkdir()
+    (tmp_path / LEAGUE_DIR / HalfwaySnapshot.INFO).write_text(json.dumps({"step": 30, "how": "half the budget"}))
+    snap = HalfwaySnapshot(tmp_path)
+    snap.on_step(None, 64, "")  # taken: nothing more is kept
+    snap.at_stop(60)
+    assert snap.record == {"step": 30, "how": "half the budget", "steps_run": 60}
+    assert not (tmp_path / "league_candidates").exists()
+
+
 @pytest.mark.slow
 def test_an_openspiel_game_meets_the_packages_own_bot(tiny_model_dir, tmp_path):
     require("pyspiel")

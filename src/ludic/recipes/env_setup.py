@@ -393,8 +393,8 @@ class HalfwaySnapshot:
         from ludic.training.league import League
 
         self.dir, self.engine = run_dir / LEAGUE_DIR, None  # the engine: built on first use (``opponent``)
-        self.candidates = League(run_dir / "league_candidates", max_size=64, every=0)
         self.record: dict[str, Any] = json.loads((self.dir / self.INFO).read_text()) if self.taken() else {}
+        self.candidates = None if self.record else League(run_dir / "league_candidates", max_size=64, every=0)
 
     def taken(self) -> bool:  # the record is written last, with the weights
         return (self.dir / self.INFO).exists()
