@@ -7,7 +7,8 @@ Prints markdown, nothing typed in by hand (docs/study.md pastes it):
 - one row per run: distinct test instances and how many of them the run trained on, the instance space, base
   test success, the start of RL (after a format cold start, when the task has one), trained test success, each
   with its 95% Wilson interval, the gain over the start with its 95% interval (Newcombe), whether the trained
-  score lies beyond the start's interval, steps and wall time;
+  score lies beyond the start's interval, steps and wall time (with the machine's training pace, seconds per 1,000
+  train tokens, where the summary has it: a slowed machine fits fewer steps into the budget);
 - one row per task: the seeds' mean (its interval on one seed's episodes, since every seed plays the same test
   instances; pooling them would count each instance once per seed) and the mean gain over tasks;
 - the two-player runs against every evaluation opponent, wins in play apart from wins by the opponent's invalid
@@ -58,6 +59,12 @@ def space(inst: dict) -> str:
     if not sp:
         return "?"
     return f"{sp['estimate']:,}" + ("" if sp.get("exact") else " (est.)")
+
+
+def pace(s: dict) -> str:
+    """The machine's training pace in a run (seconds per 1,000 train tokens), where its summary has it."""
+    p = s.get("machine", {}).get("train_s_per_1k_tokens")
+    return f" ({p:.2f} s/1k tok)" if p else ""
 
 
 def start_of(s: dict) -> dict:
@@ -148,7 +155,7 @@ def main(root: Path) -> None:
               f"{ci(s['base'])} | {'base' if start is s['base'] else ci(start) + ' (cold start)'} | {ci(t)} | "
               f"{gain(start, t['success_rate'], t['success_ci95_low'], t['success_ci95_high'])} | "
               f"{'yes' if t['success_rate'] > start['success_ci95_high'] else 'no'} | {s['stopped']['step']} | "
-              f"{s['wall_s']['total'] / 60:.1f} min | {s['stopped']['reason']} |")
+              f"{s['wall_s']['total'] / 60:.1f} min{pace(s)} | {s['stopped']['reason']} |")
     if not runs:
         return
     print("\n| task | seeds | start of RL | trained, mean of the seeds (95% CI) | gain (95% CI) | beyond the start's "

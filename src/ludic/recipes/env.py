@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -231,6 +232,8 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     by_clock = budget is not None and not cfg.train_steps  # validation by the clock; a step count keeps --eval-every
     print(f"[env] {run_length(cfg)}", flush=True)
     curve: list[dict[str, Any]] = []
+    paces: list[float] = []
+    """Each step's training seconds per 1,000 train tokens: the summary's ``machine.train_s_per_1k_tokens``."""
     """Validation success against minutes (and steps): the report's learning curve."""
     test_evals = [0]
     """Test evaluations run so far (each of the held-out episodes, one opponent): the budget paces the closing ones."""
@@ -274,6 +277,8 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
 
     async def on_step(step: int, metrics: dict[str, Any]) -> None:
         """The league snapshot halfway through; under a budget, validation by the clock and the stop."""
+        if metrics.get("train_tokens"):  # the machine's pace (a slowed machine fits fewer steps into a budget)
+            paces.append(1000.0 * metrics["train_s"] / metrics["train_tokens"])
         if league is not None:  # half the budget or half the steps, whichever ends the run first
             by_time = budget is not None and budget.spent() >= budget.budget_s / 2
             by_steps = 0 < cfg.train_steps and step >= max(1, cfg.train_steps // 2)
@@ -361,7 +366,8 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
         total = time.monotonic() - start
         results["wall_s"] = {"total": total, **wall, "other": max(0.0, total - sum(wall.values()))}  # parts sum to total
         # what the times and scores were measured on: CPU flags, kernels, and the dtype the policy was served in
-        results["machine"] = {**machine(), "dtype": str(model.get_input_embeddings().weight.dtype).removeprefix("torch.")}
+        results["machine"] = {**machine(), "dtype": str(model.get_input_embeddings().weight.dtype).removeprefix("torch."),
+                              "train_s_per_1k_tokens": round(statistics.median(paces), 3) if paces else None}
         (run_dir / "summary.json").write_text(json.dumps(results, indent=2))
     finally:
         logger.close()  # writes report.html, with summary.json
