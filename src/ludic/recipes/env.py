@@ -232,9 +232,9 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
     by_clock = budget is not None and not cfg.train_steps  # validation by the clock; a step count keeps --eval-every
     print(f"[env] {run_length(cfg)}", flush=True)
     curve: list[dict[str, Any]] = []
+    """Validation success against minutes (and steps): the report's learning curve."""
     paces: list[float] = []
     """Each step's training seconds per 1,000 train tokens: the summary's ``machine.train_s_per_1k_tokens``."""
-    """Validation success against minutes (and steps): the report's learning curve."""
     test_evals = [0]
     """Test evaluations run so far (each of the held-out episodes, one opponent): the budget paces the closing ones."""
 
