@@ -329,7 +329,8 @@ async def _train(cfg: TrainEnvConfig, teacher: Any = None) -> TrainResult:
                     await evaluate("format_demos")
         rl_start = results.get("format_demos") or results.get("base")  # the start of RL on the test instances
         if rl_start and (warning := constant_answer_warning(rl_start)):
-            results["start_warning"] = warning  # its console summary above said it (format_summary)
+            results["start_warning"] = warning  # printed with that stage's summary (format_summary); a resumed
+            # run printed it in its first process's log
         if budget is not None:
             # the end repeats the base's test evaluations for the trained policy (not the cold start's), and a
             # two-player run adds two against the league snapshot (trained and base)
