@@ -173,6 +173,27 @@ def test_the_study_table_is_built_from_the_runs_own_summaries(tmp_path, capsys):
     assert "| chain_sum | 0 | '-2': 6.2% | 29.7% | 27 ('1', 28.1%) | 35 ('-3', 9.4%) |" in out
 
 
+def test_the_study_curves_are_drawn_from_the_runs_own_summaries(tmp_path):
+    """``table.py --plot``: one panel per task, each seed's validation curve against minutes, titled with the
+    distinct test instances and the most any seed trained on (a run that trained on a test instance shows it)."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "examples" / "study"
+    table = _study_table(root)
+    for run in ("chain_sum-s0", "chain_sum-s1"):
+        shutil.copytree(root / "results" / run, tmp_path / run)
+    s = json.loads((tmp_path / "chain_sum-s1" / "summary.json").read_text())
+    s["instances"]["test_trained"] = 3
+    (tmp_path / "chain_sum-s1" / "summary.json").write_text(json.dumps(s))
+    shutil.copytree(root / "results" / "gcd99-s0", tmp_path / "gcd99-s0")
+    out = tmp_path / "curves.png"
+    titles = table.plot(tmp_path, out)
+    assert titles == ["chain_sum: 64 test instances, 3 trained on", "gcd99: 64 test instances, 0 trained on"]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_a_task_row_starts_from_the_mean_of_its_seeds_own_cold_starts(tmp_path, capsys):
     """A format cold start is trained per seed, so its test score differs by seed: the per-task row's start of
     RL and gain are the seeds' mean start, not the first seed's (calculator: 81.2% and 95.3%)."""

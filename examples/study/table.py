@@ -1,6 +1,6 @@
 """The held-out study's tables, from the runs' own summary.json files (examples/study/results/<task>-s<seed>/).
 
-    python examples/study/table.py [results dir]
+    python examples/study/table.py [results dir] [--plot OUT.png]
 
 Prints markdown, nothing typed in by hand (docs/study.md pastes it):
 
@@ -18,6 +18,9 @@ Prints markdown, nothing typed in by hand (docs/study.md pastes it):
   distinct answers the trained policy gave (a policy that answers the most common reference to everything
   learned the answers' base rate, not the task): from the summary, or from the kept test episodes
   (``eval_base.jsonl.gz``, ``eval_trained.jsonl.gz``) of runs summarised before the summary carried it.
+
+``--plot OUT.png`` draws the curves instead: one panel per task, each seed's held-out validation success against
+its run's minutes, the start of RL's test score (dashed) and each seed's trained test score (a cross at its end).
 """
 
 from __future__ import annotations
@@ -229,5 +232,54 @@ def main(root: Path) -> None:
         print(f"- {task} seed {seed}: {pts or 'none'}; kept step {kept.get('step')} of {s['stopped']['step']}")
 
 
+def plot(root: Path, out: Path) -> list[str]:
+    """Each task's validation success against minutes, one line per seed, into ``out``; returns the panels' titles."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_task: dict[str, list[tuple[int, dict]]] = defaultdict(list)
+    for task, seed, s in load(root):
+        by_task[task].append((seed, s))
+    cols = min(4, len(by_task)) or 1
+    rows = -(-len(by_task) // cols) or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.0 * rows), squeeze=False, sharey=True)
+    titles = []
+    for ax, (task, seeds) in zip(axes.flat, by_task.items()):
+        n = seeds[0][1]["trained"]["episodes"]
+        start = mean_start([s for _, s in seeds], n)["success_rate"]
+        ax.axhline(100 * start, color="grey", ls="--", lw=1, label="start of RL (test)")
+        for seed, s in seeds:
+            pts = s.get("curve", [])
+            line, = ax.plot([c["minutes"] for c in pts], [100 * c["success_rate"] for c in pts], "o-", ms=2.5,
+                            lw=1, label=f"seed {seed} (validation)")
+            end = s["wall_s"]["total"] / 60
+            ax.plot([end], [100 * s["trained"]["success_rate"]], "x", ms=7, color=line.get_color())
+        inst = [s["instances"] for _, s in seeds]
+        titles.append(f"{task}: {min(i['test_distinct'] for i in inst)} test instances, "
+                      f"{max(i['test_trained'] for i in inst)} trained on"
+                      + (" (vs its frozen start)" if any(s.get("opponents") for _, s in seeds) else ""))
+        ax.set_title(titles[-1], fontsize=8)
+        ax.set_xlabel("minutes", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6)
+    for ax in axes.flat[len(by_task):]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("held-out success, %", fontsize=8)
+    fig.suptitle("validation success over each run (x: the trained policy's test score at the run's end)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return titles
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "results")
+    args = sys.argv[1:]
+    results = Path(args[0]) if args and not args[0].startswith("--") else Path(__file__).parent / "results"
+    if "--plot" in args:
+        for title in plot(results, Path(args[args.index("--plot") + 1])):
+            print(title)
+    else:
+        main(results)
